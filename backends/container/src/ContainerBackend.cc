@@ -1,0 +1,413 @@
+#include "dsec/backends/container/ContainerBackend.h"
+
+#include <fcntl.h>
+#include <linux/openat2.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "ContainerSandbox.h"
+#include "InitProtocol.h"
+#include "NetnsPool.h"
+#include "SeccompFilter.h"
+#include "Spawn.h"
+#include "dsec/common/Fault.h"
+#include "dsec/common/Logging.h"
+#include "dsec/common/Process.h"
+#include "dsec/common/Strings.h"
+
+namespace dsec::backends {
+namespace {
+
+namespace proto = init_protocol;
+
+constexpr double kReadyTimeoutSeconds = 10;
+constexpr const char* kScratchDir = "/run/dsec/container-root";
+
+// Agent-side create steps, in order.
+constexpr const char* kAgentFaults[] = {"container.cgroup_create", "container.clone", "container.send_config",
+                                        "container.wait_ready", "container.open_root"};
+
+bool validId(const std::string& id) {
+  if (id.empty() || id.size() > 64) return false;  // also the hostname (HOST_NAME_MAX)
+  for (char c : id) {
+    if (!(isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.')) return false;
+  }
+  return id[0] != '.' && id[0] != '-';
+}
+
+// Paths end up in overlay mount options and the line-based init config.
+Status validateMountPath(const std::string& what, const std::string& path) {
+  if (path.empty() || path[0] != '/') return Error::invalid(what + " must be an absolute path: " + path);
+  if (path.find_first_of(",:\n\\") != std::string::npos || path.find('\0') != std::string::npos) {
+    return Error::invalid(what + " contains a character overlayfs cannot take (, : \\ newline): " + path);
+  }
+  struct stat st;
+  if (::stat(path.c_str(), &st) < 0 || !S_ISDIR(st.st_mode)) {
+    return Error(ErrorCode::kInvalidArgument, what + " is not a directory: " + path, errno);
+  }
+  return okStatus();
+}
+
+Status validateSpec(const SandboxSpec& spec) {
+  if (!validId(spec.id)) return Error::invalid("bad sandbox id (1-64 of [A-Za-z0-9._-]): " + spec.id);
+  if (spec.lower_dirs.empty()) return Error::invalid("sandbox needs at least one layer");
+  if (spec.lower_dirs.size() > static_cast<size_t>(proto::kMaxLowers)) return Error::invalid("too many layers");
+  for (const auto& d : spec.lower_dirs) DSEC_TRY(validateMountPath("layer dir", d));
+  if (!spec.upper_dir.empty()) DSEC_TRY(validateMountPath("upper dir", spec.upper_dir));
+  if (spec.memory_bytes < 0 || spec.pids < 0 || spec.disk_bytes < 0 || spec.cpus < 0) {
+    return Error::invalid("limits must not be negative");
+  }
+  if (spec.memory_bytes > 0 && spec.memory_bytes < (4 << 20)) return Error::invalid("memory limit below 4 MiB");
+  for (const auto& [k, v] : spec.env) {
+    if (k.empty() || k.find_first_of("=\0", 0, 2) != std::string::npos || v.find('\0') != std::string::npos) {
+      return Error::invalid("bad environment variable: " + k);
+    }
+  }
+  return okStatus();
+}
+
+std::string buildInitConfig(const SandboxSpec& spec, int64_t disk_bytes, const std::vector<sock_filter>& bpf) {
+  std::string c;
+  std::string fault = armedFault();
+  if (startsWith(fault, proto::kFaultPrefix)) c += "fail_at " + fault.substr(strlen(proto::kFaultPrefix)) + "\n";
+  c += "hostname " + spec.id + "\n";
+  c += std::string("scratch ") + kScratchDir + "\n";
+  for (const auto& d : spec.lower_dirs) c += "lower " + d + "\n";
+  if (!spec.upper_dir.empty()) c += "upper_dir " + spec.upper_dir + "\n";
+  c += "disk_bytes " + std::to_string(disk_bytes) + "\n";
+  c += std::string("network ") + (spec.network == NetworkMode::kHost ? "host" : "none") + "\n";
+  c += "bpf " + std::to_string(bpf.size()) + "\n";
+  c.append(reinterpret_cast<const char*>(bpf.data()), bpf.size() * sizeof(sock_filter));
+  return c;
+}
+
+Status writeAllFd(int fd, const std::string& data) {
+  size_t off = 0;
+  while (off < data.size()) {
+    ssize_t n = write(fd, data.data() + off, data.size() - off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return Error::sys(errno, "send config to init");
+    off += static_cast<size_t>(n);
+  }
+  return okStatus();
+}
+
+// Reads init's one status line; an error names the failed step.
+Status waitReady(int status_fd, double timeout_seconds) {
+  std::string line;
+  const double deadline = monotonicSeconds() + timeout_seconds;
+  char buf[512];
+  while (line.find('\n') == std::string::npos) {
+    double left = deadline - monotonicSeconds();
+    if (left <= 0)
+      return Error(ErrorCode::kTimeout, "sandbox init not ready after " + std::to_string(timeout_seconds) + " s");
+    pollfd p{status_fd, POLLIN, 0};
+    int rc = poll(&p, 1, static_cast<int>(left * 1000) + 1);
+    if (rc < 0 && errno == EINTR) continue;
+    if (rc < 0) return Error::sys(errno, "poll init status");
+    if (rc == 0) continue;
+    ssize_t n = read(status_fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return Error::sys(errno, "read init status");
+    if (n == 0)
+      return Error(ErrorCode::kSystem, "sandbox init exited during setup" + (line.empty() ? "" : ": " + line));
+    line.append(buf, static_cast<size_t>(n));
+  }
+  line.resize(line.find('\n'));
+  if (line == "ok") return okStatus();
+  // "err STEP ERRNO MESSAGE"
+  auto parts = split(line, ' ');
+  if (parts.size() >= 3 && parts[0] == "err") {
+    int err = atoi(parts[2].c_str());
+    std::string msg = line.substr(std::min(line.size(), parts[0].size() + parts[1].size() + parts[2].size() + 3));
+    std::string text = "sandbox init step " + parts[1] + ": " + msg;
+    if (err != 0) text += ": " + std::string(strerror(err));
+    return Error(ErrorCode::kSystem, text, err);
+  }
+  return Error(ErrorCode::kSystem, "sandbox init sent a bad status: " + line);
+}
+
+UniqueFd openProcRoot(pid_t pid) {
+  return UniqueFd(open(("/proc/" + std::to_string(pid) + "/root").c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+}
+
+Result<ino_t> pidNamespaceOf(const std::string& pid) {
+  struct stat st;
+  if (::stat(("/proc/" + pid + "/ns/pid").c_str(), &st) < 0) return Error::sys(errno, "stat pid namespace");
+  return st.st_ino;
+}
+
+pid_t parentOf(pid_t pid) {
+  auto stat = readFile("/proc/" + std::to_string(pid) + "/stat");
+  if (!stat.ok()) return -1;
+  size_t paren = stat->rfind(')');  // comm may contain spaces and parentheses
+  if (paren == std::string::npos) return -1;
+  auto fields = split(stat->substr(paren + 2), ' ');  // state ppid ...
+  return fields.size() > 1 ? static_cast<pid_t>(atoi(fields[1].c_str())) : -1;
+}
+
+std::string findInit(const ContainerBackendOptions& options) {
+  if (!options.init_path.empty()) return options.init_path;
+  std::vector<std::string> candidates = {selfExeDir() + "/dsec-sandbox-init",
+                                         selfExeDir() + "/../libexec/dsec/dsec-sandbox-init"};
+#ifdef DSEC_SANDBOX_INIT_BUILD_PATH
+  candidates.push_back(DSEC_SANDBOX_INIT_BUILD_PATH);
+#endif
+  for (const auto& c : candidates) {
+    if (access(c.c_str(), X_OK) == 0) return c;
+  }
+  return candidates[0];
+}
+
+class ContainerBackend : public Backend {
+ public:
+  explicit ContainerBackend(std::shared_ptr<ContainerShared> shared)
+      : shared_(std::move(shared)), netns_(static_cast<size_t>(std::max(0, shared_->options.netns_pool_size))) {}
+
+  std::string name() const override { return "container"; }
+
+  std::vector<std::string> missingFeatures() const override {
+    std::vector<std::string> missing;
+    if (access(shared_->options.init_path.c_str(), X_OK) != 0) {
+      missing.push_back("dsec-sandbox-init not found at " + shared_->options.init_path);
+    }
+    auto fs = readFile("/proc/filesystems");
+    if (!fs.ok() || fs->find("\toverlay\n") == std::string::npos) missing.push_back("overlayfs");
+    if (!fs.ok() || fs->find("\ttmpfs\n") == std::string::npos) missing.push_back("tmpfs");
+    open_how how{};
+    how.flags = O_PATH | O_CLOEXEC;
+    int fd = static_cast<int>(syscall(SYS_openat2, AT_FDCWD, "/", &how, sizeof how));
+    if (fd < 0) {
+      missing.push_back("openat2 (Linux >= 5.6)");
+    } else {
+      close(fd);
+    }
+    fd = static_cast<int>(syscall(SYS_pidfd_open, getpid(), 0));
+    if (fd < 0) {
+      missing.push_back("pidfd_open (Linux >= 5.3)");
+    } else {
+      close(fd);
+    }
+    for (const char* ns : {"mnt", "pid", "net", "uts", "ipc", "cgroup"}) {
+      if (access((std::string("/proc/self/ns/") + ns).c_str(), F_OK) != 0)
+        missing.push_back(std::string(ns) + " namespace");
+    }
+    if (geteuid() != 0) missing.push_back("root privileges");
+    return missing;
+  }
+
+  Result<std::unique_ptr<Sandbox>> create(const SandboxSpec& spec) override {
+    DSEC_TRY(validateSpec(spec));
+    const double start = monotonicSeconds();
+    std::unique_ptr<Cgroup> cgroup;
+    InitProcess init;
+    // Undo everything done so far; whatever step failed, nothing is left behind.
+    auto fail = [&](const Error& e) -> Error {
+      (void)killAndWaitInit(init, kReadyTimeoutSeconds);
+      if (cgroup) {
+        (void)cgroup->killAll();
+        Status removed = cgroup->remove();
+        if (!removed.ok())
+          DSEC_LOG(kWarn, "container") << "cleanup of " << spec.id << ": " << removed.error().toString();
+      }
+      return e.wrap("create sandbox " + spec.id);
+    };
+
+    if (auto s = checkFault("container.cgroup_create"); !s.ok()) return fail(s.error());
+    CgroupLimits limits;
+    limits.memory_bytes = spec.memory_bytes;
+    limits.cpus = spec.cpus;
+    limits.pids = spec.pids;
+    auto made = shared_->cgroups->create(spec.id, limits);
+    if (!made.ok()) return made.error().wrap("create sandbox " + spec.id);
+    cgroup = std::move(made).value();
+
+    int config_pipe[2], status_pipe[2];
+    if (pipe2(config_pipe, O_CLOEXEC) < 0) return fail(Error::sys(errno, "pipe"));
+    UniqueFd config_r(config_pipe[0]), config_w(config_pipe[1]);
+    if (pipe2(status_pipe, O_CLOEXEC) < 0) return fail(Error::sys(errno, "pipe"));
+    UniqueFd status_r(status_pipe[0]), status_w(status_pipe[1]);
+
+    if (auto s = checkFault("container.clone"); !s.ok()) return fail(s.error());
+    InitSpawnRequest req;
+    req.init_path = shared_->options.init_path;
+    req.procs_files = cgroup->procsFiles();
+    req.namespace_flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWUTS | CLONE_NEWIPC;
+    UniqueFd netns;
+    if (spec.network == NetworkMode::kNone) {
+      netns = netns_.take();
+      if (!netns) req.namespace_flags |= CLONE_NEWNET;
+      req.netns_fd = netns.get();
+    }
+    req.config_fd = config_r.get();
+    req.status_fd = status_w.get();
+    auto spawned = spawnInit(req);
+    if (!spawned.ok()) return fail(spawned.error());
+    init.pid = spawned->pid;
+    init.pidfd = std::move(spawned->pidfd);
+    init.is_child = true;
+    config_r.reset();
+    status_w.reset();  // init holds the only write end now: EOF means it died
+
+    if (auto s = checkFault("container.send_config"); !s.ok()) return fail(s.error());
+    int64_t disk = spec.disk_bytes > 0 ? spec.disk_bytes : shared_->options.default_disk_bytes;
+    if (auto s = writeAllFd(config_w.get(), buildInitConfig(spec, disk, shared_->seccomp)); !s.ok()) {
+      return fail(s.error());
+    }
+    config_w.reset();
+
+    if (auto s = checkFault("container.wait_ready"); !s.ok()) return fail(s.error());
+    if (auto s = waitReady(status_r.get(), kReadyTimeoutSeconds); !s.ok()) return fail(s.error());
+
+    if (auto s = checkFault("container.open_root"); !s.ok()) return fail(s.error());
+    UniqueFd root = openProcRoot(init.pid);
+    if (!root) return fail(Error::sys(errno, "open sandbox root"));
+    auto started = processStartTime(init.pid);
+    if (!started.ok()) return fail(started.error());
+    init.start_time = *started;
+
+    {
+      std::lock_guard lock(shared_->mu);
+      shared_->live.insert(spec.id);
+    }
+    SandboxSpec stored = spec;
+    if (stored.disk_bytes == 0) stored.disk_bytes = disk;
+    DSEC_LOG(kDebug, "container") << "created " << spec.id << " in " << (monotonicSeconds() - start) * 1000 << " ms";
+    return std::unique_ptr<Sandbox>(std::make_unique<ContainerSandbox>(shared_, std::move(stored), std::move(init),
+                                                                       std::move(root), std::move(cgroup), false, 0));
+  }
+
+  Result<std::unique_ptr<Sandbox>> adopt(const nlohmann::json& state) override {
+    pid_t pid;
+    uint64_t start_time;
+    std::string cgroup_name;
+    bool paused;
+    try {
+      pid = state.at("init_pid").get<pid_t>();
+      start_time = state.at("init_start_time").get<uint64_t>();
+      cgroup_name = state.at("cgroup").get<std::string>();
+      paused = state.value("paused", false);
+    } catch (const nlohmann::json::exception& e) {
+      return Error::invalid(std::string("bad container sandbox state: ") + e.what());
+    }
+    DSEC_ASSIGN_OR_RETURN(SandboxSpec spec, specFromJson(state.at("spec")));
+    auto gone = [&](const std::string& why) {
+      return Error::notFound("sandbox " + spec.id + " cannot be adopted: " + why);
+    };
+    if (pid <= 1) return gone("bad init pid");
+    InitProcess init;
+    init.pid = pid;
+    init.start_time = start_time;
+    init.pidfd.reset(static_cast<int>(syscall(SYS_pidfd_open, pid, 0)));
+    if (!init.pidfd) return gone("init is not running");
+    // With the pidfd held, the pid cannot be recycled any more: check it is still the same process.
+    auto now = processStartTime(pid);
+    if (!now.ok() || *now != start_time) return gone("init pid was reused");
+    auto theirs = pidNamespaceOf(std::to_string(pid));
+    auto ours = pidNamespaceOf("self");
+    if (!theirs.ok() || !ours.ok() || *theirs == *ours) return gone("process is not a sandbox init");
+    auto cgroup = shared_->cgroups->open(cgroup_name);
+    if (!cgroup.ok()) return gone("cgroup missing: " + cgroup.error().message());
+    UniqueFd root = openProcRoot(pid);
+    if (!root) return gone("cannot open its root");
+    init.is_child = parentOf(pid) == getpid();  // adopted back by the same process (tests): reap it ourselves
+    int64_t oom_kills = 0;
+    if (auto st = (*cgroup)->stats(); st.ok()) oom_kills = st->oom_kills;
+    {
+      std::lock_guard lock(shared_->mu);
+      shared_->live.insert(spec.id);
+    }
+    return std::unique_ptr<Sandbox>(std::make_unique<ContainerSandbox>(
+        shared_, std::move(spec), std::move(init), std::move(root), std::move(*cgroup), paused, oom_kills));
+  }
+
+  Status reap(const nlohmann::json& state) override {
+    std::string cgroup_name;
+    pid_t pid = 0;
+    uint64_t start_time = 0;
+    try {
+      cgroup_name = state.at("cgroup").get<std::string>();
+      pid = state.value("init_pid", 0);
+      start_time = state.value("init_start_time", uint64_t{0});
+    } catch (const nlohmann::json::exception& e) {
+      return Error::invalid(std::string("bad container sandbox state: ") + e.what());
+    }
+    if (pid > 1) {
+      InitProcess init;
+      init.pid = pid;
+      init.pidfd.reset(static_cast<int>(syscall(SYS_pidfd_open, pid, 0)));
+      auto now = processStartTime(pid);
+      if (init.pidfd && now.ok() && *now == start_time) {
+        DSEC_TRY(killAndWaitInit(init, kReadyTimeoutSeconds));
+      }
+    }
+    return reapCgroup(cgroup_name);
+  }
+
+  Result<std::vector<std::string>> listLeftovers() override {
+    DSEC_ASSIGN_OR_RETURN(std::vector<std::string> names, shared_->cgroups->list());
+    std::lock_guard lock(shared_->mu);
+    std::vector<std::string> out;
+    for (auto& n : names) {
+      if (!shared_->live.count(n)) out.push_back(std::move(n));
+    }
+    return out;
+  }
+
+  Status reapLeftover(const std::string& id) override {
+    if (!validId(id)) return Error::invalid("bad sandbox id: " + id);
+    {
+      std::lock_guard lock(shared_->mu);
+      if (shared_->live.count(id)) return Error(ErrorCode::kConflict, "sandbox " + id + " is live, not a leftover");
+    }
+    return reapCgroup(id);
+  }
+
+ private:
+  Status reapCgroup(const std::string& name) {
+    auto cgroup = shared_->cgroups->open(name);
+    if (!cgroup.ok()) {
+      if (cgroup.error().code() == ErrorCode::kNotFound) return okStatus();
+      return cgroup.error();
+    }
+    (void)(*cgroup)->thaw();
+    DSEC_TRY((*cgroup)->killAll());
+    return (*cgroup)->remove();
+  }
+
+  std::shared_ptr<ContainerShared> shared_;
+  NetnsPool netns_;
+};
+
+}  // namespace
+
+std::vector<std::string> containerCreateFaultPoints() {
+  std::vector<std::string> out(std::begin(kAgentFaults), std::end(kAgentFaults));
+  for (const char* step : proto::kSteps) out.push_back(std::string(proto::kFaultPrefix) + step);
+  return out;
+}
+
+Result<std::unique_ptr<Backend>> makeContainerBackend(const ContainerBackendOptions& options) {
+  auto shared = std::make_shared<ContainerShared>();
+  shared->options = options;
+  shared->options.init_path = findInit(options);
+  DSEC_ASSIGN_OR_RETURN(shared->cgroups, detectCgroupDriver(options.cgroup_parent));
+  DSEC_ASSIGN_OR_RETURN(shared->seccomp, buildSandboxSeccompFilter());
+  if (shared->seccomp.size() > static_cast<size_t>(proto::kMaxBpfInstructions)) {
+    return Error::internal("seccomp filter too large for init");
+  }
+  shared->scratch_dir = kScratchDir;
+  DSEC_TRY(makeDirs(kScratchDir, 0755));
+  shared->keep_caps = defaultSandboxCaps();
+  return std::unique_ptr<Backend>(std::make_unique<ContainerBackend>(std::move(shared)));
+}
+
+}  // namespace dsec::backends

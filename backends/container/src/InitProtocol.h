@@ -1,0 +1,26 @@
+// The setup protocol between the agent and dsec-sandbox-init (shared by both; plain C++ so the static init
+// stays free of libstdc++).
+//
+// fd 3 (agent -> init): text lines "key value\n", then "bpf N\n" followed by N raw sock_filter structs,
+// then EOF. Keys: fail_at STEP, hostname NAME, scratch DIR, lower DIR (repeated, bottom first), upper_dir DIR,
+// disk_bytes N, network none|host.
+// fd 4 (init -> agent): "ok\n" once the root is ready, or "err STEP ERRNO MESSAGE\n" (then init exits).
+#pragma once
+
+namespace dsec::backends::init_protocol {
+
+constexpr int kConfigFd = 3;
+constexpr int kStatusFd = 4;
+constexpr int kMaxConfigBytes = 256 * 1024;
+constexpr int kMaxLowers = 128;
+constexpr int kMaxBpfInstructions = 4096;
+
+// The steps init goes through, in order; "container.init.<step>" arms a failure at that step.
+constexpr const char* kSteps[] = {
+    "read_config", "unshare_cgroup", "make_private", "mount_upper", "mount_overlay",
+    "mount_dev",   "mount_proc",     "mask_proc",    "bind_etc",    "hostname",
+    "loopback",    "pivot_root",     "seccomp",      "drop_caps",   "ready",
+};
+constexpr const char* kFaultPrefix = "container.init.";
+
+}  // namespace dsec::backends::init_protocol

@@ -1,0 +1,274 @@
+// Exec into a running sandbox from outside: spawn (Spawn.cc), then pump stdin/stdout/stderr with poll()
+// until the command exits, enforcing the output cap and the timeout.
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "ContainerSandbox.h"
+#include "Spawn.h"
+#include "dsec/common/Strings.h"
+
+namespace dsec::backends {
+namespace {
+
+constexpr const char* kDefaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+constexpr size_t kReadChunk = 64 * 1024;
+// After the command exits, what its background children still write is not waited for; this bounds how
+// long already-buffered output is drained.
+constexpr double kDrainSeconds = 0.2;
+
+struct Pipe {
+  UniqueFd read_end, write_end;
+};
+
+Result<Pipe> makePipe() {
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) < 0) return Error::sys(errno, "pipe");
+  return Pipe{UniqueFd(fds[0]), UniqueFd(fds[1])};
+}
+
+void setNonBlocking(int fd) {
+  int fl = fcntl(fd, F_GETFL);
+  if (fl >= 0) fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+}
+
+Status validateRequest(const ExecRequest& r) {
+  if (r.argv.empty() || r.argv[0].empty()) return Error::invalid("exec needs a command");
+  for (const auto& a : r.argv) {
+    if (a.find('\0') != std::string::npos) return Error::invalid("argument contains a NUL byte");
+  }
+  for (const auto& [k, v] : r.env) {
+    if (k.empty() || k.find('=') != std::string::npos || k.find('\0') != std::string::npos ||
+        v.find('\0') != std::string::npos) {
+      return Error::invalid("bad environment variable name or value: " + k);
+    }
+  }
+  if (r.cwd.empty() || r.cwd[0] != '/' || r.cwd.find('\0') != std::string::npos) {
+    return Error::invalid("cwd must be an absolute path");
+  }
+  if (r.timeout_seconds < 0) return Error::invalid("timeout must not be negative");
+  if (r.output_cap < 0) return Error::invalid("output cap must not be negative");
+  return okStatus();
+}
+
+// One captured stream: keeps the first `cap` bytes (or hands them to the sink), drops the rest.
+struct Stream {
+  UniqueFd fd;
+  std::string* buffer = nullptr;
+  bool is_stdout = true;
+  int64_t kept = 0;
+};
+
+// Keeps SIGPIPE from killing the agent while stdin is written to a command that may already be gone.
+class SigpipeBlock {
+ public:
+  SigpipeBlock() {
+    sigset_t s;
+    sigemptyset(&s);
+    sigaddset(&s, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &s, &old_);
+  }
+  ~SigpipeBlock() {
+    sigset_t s;
+    sigemptyset(&s);
+    sigaddset(&s, SIGPIPE);
+    timespec zero{0, 0};
+    while (sigtimedwait(&s, nullptr, &zero) > 0) {
+    }
+    pthread_sigmask(SIG_SETMASK, &old_, nullptr);
+  }
+
+ private:
+  sigset_t old_;
+};
+
+}  // namespace
+
+Result<ExecResult> ContainerSandbox::run(const ExecRequest& request, ExecSink* sink) {
+  DSEC_TRY(validateRequest(request));
+  DSEC_ASSIGN_OR_RETURN(Use use, acquire(true));
+  const double start = monotonicSeconds();
+
+  std::map<std::string, std::string> env = spec_.env;
+  for (const auto& [k, v] : request.env) env[k] = v;
+  env.try_emplace("PATH", kDefaultPath);
+  env.try_emplace("HOME", "/root");
+  CommandSpawnRequest spawn;
+  for (const auto& [k, v] : env) spawn.env.push_back(k + "=" + v);
+  spawn.argv = request.argv;
+  const std::string& prog = request.argv[0];
+  if (prog.find('/') != std::string::npos) {
+    spawn.candidates.push_back(prog);
+  } else {
+    for (const auto& dir : split(env["PATH"], ':')) spawn.candidates.push_back((dir.empty() ? "." : dir) + "/" + prog);
+  }
+  spawn.cwd = request.cwd;
+  spawn.procs_files = procs_files_;
+  spawn.init_pidfd = init_.pidfd.get();
+  spawn.namespace_flags = CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWPID | CLONE_NEWCGROUP;
+  if (spec_.network == NetworkMode::kNone) spawn.namespace_flags |= CLONE_NEWNET;
+  spawn.root_fd = root_fd_.get();
+  spawn.seccomp = &shared_->seccomp;
+  spawn.keep_caps = shared_->keep_caps;
+
+  DSEC_ASSIGN_OR_RETURN(Pipe in, makePipe());
+  DSEC_ASSIGN_OR_RETURN(Pipe out, makePipe());
+  DSEC_ASSIGN_OR_RETURN(Pipe err, makePipe());
+  spawn.stdin_fd = in.read_end.get();
+  spawn.stdout_fd = out.write_end.get();
+  spawn.stderr_fd = err.write_end.get();
+
+  DSEC_ASSIGN_OR_RETURN(SpawnedCommand cmd, spawnCommand(spawn));
+  in.read_end.reset();
+  out.write_end.reset();
+  err.write_end.reset();
+
+  ExecResult result;
+  if (cmd.exec_errno != 0) {
+    result.exit_code = (cmd.exec_errno == ENOENT || cmd.exec_errno == ENOTDIR) ? 127 : 126;
+    std::string msg = "dsec: exec " + prog + ": " + std::strerror(cmd.exec_errno) + "\n";
+    if (sink != nullptr) {
+      sink->onStderr(msg.data(), msg.size());
+    } else {
+      result.stderr_data = msg;
+    }
+    result.duration_seconds = monotonicSeconds() - start;
+    return result;
+  }
+
+  SigpipeBlock no_sigpipe;
+  UniqueFd stdin_fd = std::move(in.write_end);
+  size_t stdin_off = 0;
+  if (request.stdin_data.empty()) {
+    stdin_fd.reset();
+  } else {
+    setNonBlocking(stdin_fd.get());
+  }
+  Stream streams[2];
+  streams[0].fd = std::move(out.read_end);
+  streams[0].buffer = &result.stdout_data;
+  streams[0].is_stdout = true;
+  streams[1].fd = std::move(err.read_end);
+  streams[1].buffer = &result.stderr_data;
+  streams[1].is_stdout = false;
+  for (auto& s : streams) setNonBlocking(s.fd.get());
+
+  const int64_t cap = request.output_cap;
+  const double deadline = request.timeout_seconds > 0 ? start + request.timeout_seconds : 0;
+  bool killed = false;
+  auto killGroup = [&] {
+    if (!killed) kill(-cmd.pid, SIGKILL);  // setsid() made the command its group's leader
+    killed = true;
+  };
+  std::vector<char> buf(kReadChunk);
+  // Reads what is available on one stream; false at EOF.
+  auto pump = [&](Stream& s) -> bool {
+    for (int round = 0; round < 16; ++round) {  // bounded, so a flood cannot starve the timeout check
+      ssize_t n = read(s.fd.get(), buf.data(), buf.size());
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return errno == EAGAIN;
+      if (n == 0) return false;
+      int64_t room = cap - s.kept;
+      size_t keep = room <= 0 ? 0 : static_cast<size_t>(std::min<int64_t>(room, n));
+      if (keep < static_cast<size_t>(n)) result.truncated = true;
+      s.kept += static_cast<int64_t>(keep);
+      if (keep > 0) {
+        if (sink != nullptr) {
+          bool more = s.is_stdout ? sink->onStdout(buf.data(), keep) : sink->onStderr(buf.data(), keep);
+          if (!more) killGroup();
+        } else {
+          s.buffer->append(buf.data(), keep);
+        }
+      }
+      if (static_cast<size_t>(n) < buf.size()) return true;  // likely drained for now
+    }
+    return true;
+  };
+
+  bool exited = false;
+  while (!exited) {
+    pollfd fds[4];
+    int nfds = 0;
+    fds[nfds++] = {cmd.pidfd.get(), POLLIN, 0};
+    int stream_index[2] = {-1, -1};
+    for (int i = 0; i < 2; ++i) {
+      if (streams[i].fd) {
+        stream_index[i] = nfds;
+        fds[nfds++] = {streams[i].fd.get(), POLLIN, 0};
+      }
+    }
+    int stdin_index = -1;
+    if (stdin_fd) {
+      stdin_index = nfds;
+      fds[nfds++] = {stdin_fd.get(), POLLOUT, 0};
+    }
+    int wait_ms = -1;
+    if (deadline > 0 && !killed) {
+      double left = deadline - monotonicSeconds();
+      wait_ms = left <= 0 ? 0 : static_cast<int>(left * 1000) + 1;
+    }
+    int rc = poll(fds, static_cast<nfds_t>(nfds), wait_ms);
+    if (rc < 0 && errno != EINTR) {
+      killGroup();
+      return Error::sys(errno, "poll exec");
+    }
+    if (deadline > 0 && !killed && monotonicSeconds() >= deadline) {
+      result.timed_out = true;
+      killGroup();
+    }
+    if (rc <= 0) continue;
+    for (int i = 0; i < 2; ++i) {
+      if (stream_index[i] >= 0 && fds[stream_index[i]].revents != 0 && !pump(streams[i])) streams[i].fd.reset();
+    }
+    if (stdin_index >= 0 && fds[stdin_index].revents != 0) {
+      if (fds[stdin_index].revents & (POLLERR | POLLHUP)) {
+        stdin_fd.reset();
+      } else {
+        ssize_t n = write(stdin_fd.get(), request.stdin_data.data() + stdin_off, request.stdin_data.size() - stdin_off);
+        if (n > 0) stdin_off += static_cast<size_t>(n);
+        if ((n < 0 && errno != EAGAIN && errno != EINTR) || stdin_off >= request.stdin_data.size()) stdin_fd.reset();
+      }
+    }
+    if (fds[0].revents & POLLIN) exited = true;
+  }
+
+  siginfo_t info{};
+  while (waitid(static_cast<idtype_t>(P_PIDFD), static_cast<id_t>(cmd.pidfd.get()), &info, WEXITED) < 0 &&
+         errno == EINTR) {
+  }
+  if (info.si_code == CLD_EXITED) {
+    result.exit_code = info.si_status;
+  } else {
+    result.signal = info.si_status;
+    result.exit_code = 128 + info.si_status;
+  }
+  if (result.timed_out) result.exit_code = 137;
+
+  // Whatever the command wrote is in the pipes now; background children may hold them open for ever.
+  const double drain_until = monotonicSeconds() + kDrainSeconds;
+  for (auto& s : streams) {
+    while (s.fd && monotonicSeconds() < drain_until) {
+      pollfd p{s.fd.get(), POLLIN, 0};
+      if (poll(&p, 1, 0) <= 0) break;
+      if (!pump(s)) break;
+    }
+  }
+  // An OOM kill always shows as a failure; successful execs skip reading the cgroup's counters.
+  if (result.exit_code != 0) {
+    if (auto st = cgroup_->stats(); st.ok()) {
+      int64_t seen = oom_seen_.load();
+      while (st->oom_kills > seen && !oom_seen_.compare_exchange_weak(seen, st->oom_kills)) {
+      }
+      result.oom_killed = st->oom_kills > seen;
+    }
+  }
+  result.duration_seconds = monotonicSeconds() - start;
+  return result;
+}
+
+}  // namespace dsec::backends

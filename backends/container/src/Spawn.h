@@ -1,0 +1,61 @@
+// Process creation for container sandboxes. The agent is multithreaded, so children run only
+// async-signal-safe code between clone and execve; everything they need is prepared before.
+// Both spawners use vfork-style clones (CLONE_VM|CLONE_VFORK on a private stack): no page tables are copied,
+// which keeps create and exec cheap no matter how large the agent is.
+#pragma once
+
+#include <linux/filter.h>
+#include <sys/types.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dsec/common/Fd.h"
+#include "dsec/common/Result.h"
+
+namespace dsec::backends {
+
+struct InitSpawnRequest {
+  std::string init_path;
+  std::vector<std::string> procs_files;  // the child writes "0" into each before exec (joins the cgroup)
+  int namespace_flags = 0;               // CLONE_NEW*
+  int config_fd = -1;                    // becomes fd 3 of init
+  int status_fd = -1;                    // becomes fd 4 of init
+  int netns_fd = -1;                     // a pre-made network namespace to join instead of CLONE_NEWNET
+};
+
+struct SpawnedProcess {
+  pid_t pid = -1;
+  UniqueFd pidfd;
+};
+
+// Clones init into new namespaces and execs it (stdin/stdout/stderr on /dev/null).
+Result<SpawnedProcess> spawnInit(const InitSpawnRequest& request);
+
+struct CommandSpawnRequest {
+  std::vector<std::string> procs_files;  // the sandbox cgroup
+  int init_pidfd = -1;
+  int namespace_flags = 0;  // what to setns into
+  int root_fd = -1;         // O_PATH fd of the sandbox root (chroot target after setns)
+  int stdin_fd = -1, stdout_fd = -1, stderr_fd = -1;
+  std::string cwd;
+  std::vector<std::string> argv;
+  std::vector<std::string> env;         // "K=V"
+  std::vector<std::string> candidates;  // absolute paths to try for argv[0], in order
+  const std::vector<sock_filter>* seccomp = nullptr;
+  uint64_t keep_caps = 0;  // bounding/permitted/effective/inheritable set of the command
+};
+
+struct SpawnedCommand {
+  pid_t pid = -1;
+  UniqueFd pidfd;
+  int exec_errno = 0;  // the command could not be executed (the child exited 127 and was reaped)
+};
+
+// Joins the sandbox (cgroup, then setns through the init's pidfd, then chroot to its root) in a short-lived
+// helper, which clones the command with CLONE_PARENT so the command is the agent's own child inside the
+// sandbox's pid namespace, in its own session, with reduced capabilities, no_new_privs and the seccomp filter.
+Result<SpawnedCommand> spawnCommand(const CommandSpawnRequest& request);
+
+}  // namespace dsec::backends

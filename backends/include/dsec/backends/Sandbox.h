@@ -1,0 +1,139 @@
+// The one interface every backend (container, fncall, microvm, vm) answers. The API server and the node
+// agent never know which backend a sandbox uses beyond routing.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "dsec/common/Fd.h"
+#include "dsec/common/Result.h"
+
+namespace dsec::backends {
+
+enum class NetworkMode { kNone, kHost };
+
+struct SandboxSpec {
+  std::string id;        // "<node>-<hex>", also the hostname inside
+  std::string image;     // "debian:12+python:3.11", for info
+  std::vector<std::string> lower_dirs;  // layer mount points, bottom first
+  int64_t memory_bytes = 0;             // 0 = unlimited
+  double cpus = 0;                      // 0 = unlimited
+  int64_t pids = 0;                     // 0 = unlimited
+  int64_t disk_bytes = 0;               // size of the writable upper (tmpfs); 0 = backend default
+  std::map<std::string, std::string> env;  // default environment of every exec
+  NetworkMode network = NetworkMode::kNone;
+  // When set, the writable upper (and overlay workdir) live in this host directory instead of a tmpfs
+  // inside the sandbox, so `dsec layer build --on --run` can capture it; it must exist and be empty.
+  std::string upper_dir;
+};
+
+struct ExecRequest {
+  std::vector<std::string> argv;  // argv[0] looked up on the sandbox's PATH
+  std::map<std::string, std::string> env;  // on top of the sandbox's env
+  std::string cwd = "/";
+  std::string stdin_data;
+  // When >= 0, the command's stdin is this fd (e.g. the read end of a pipe the caller feeds while the
+  // command runs, for streaming tar uploads) and stdin_data is ignored. The caller keeps ownership; the
+  // backend dup()s it into the command and does not close the caller's copy.
+  int stdin_fd = -1;
+  double timeout_seconds = 0;  // 0 = none
+  int64_t output_cap = 16 << 20;  // bytes kept per stream; the rest is drained and dropped
+};
+
+struct ExecResult {
+  int exit_code = -1;     // exit status; 128+N when killed by signal N
+  int signal = 0;         // the signal that killed it, else 0
+  bool timed_out = false; // the process group was killed at the timeout
+  bool truncated = false; // some output was dropped at the cap
+  bool oom_killed = false;// the sandbox's memory cgroup OOM-killed a process during the exec
+  std::string stdout_data;
+  std::string stderr_data;
+  double duration_seconds = 0;
+};
+
+// Receives output as it is produced (streaming exec). Returning false stops the command (client gone).
+class ExecSink {
+ public:
+  virtual ~ExecSink() = default;
+  virtual bool onStdout(const char* data, size_t size) = 0;
+  virtual bool onStderr(const char* data, size_t size) = 0;
+};
+
+struct FileStat {
+  std::string name;
+  std::string type;  // "file", "dir", "symlink", "other"
+  int64_t size = 0;
+  uint32_t mode = 0;  // permission bits
+  int64_t mtime = 0;  // seconds since epoch
+};
+
+enum class SandboxState { kRunning, kPaused, kStopped };
+const char* sandboxStateName(SandboxState state);
+
+struct SandboxUsage {
+  int64_t memory_bytes = 0;
+  int64_t pids = 0;
+  uint64_t cpu_usec = 0;
+  int64_t oom_kills = 0;
+};
+
+class Sandbox {
+ public:
+  virtual ~Sandbox() = default;
+  virtual const SandboxSpec& spec() const = 0;
+  virtual SandboxState state() const = 0;
+  virtual std::string backendName() const = 0;
+
+  // Runs a command to completion with captured (capped) output.
+  virtual Result<ExecResult> exec(const ExecRequest& request) = 0;
+  // Runs a command and hands output to the sink as it comes; the result's stdout/stderr stay empty.
+  virtual Result<ExecResult> execStream(const ExecRequest& request, ExecSink& sink) = 0;
+  // True once exec/execStream honour ExecRequest::stdin_fd. Until then the API server streams tar uploads
+  // through a temporary file inside the sandbox instead of a pipe.
+  virtual bool supportsStdinFd() const { return false; }
+
+  // Files, resolved inside the sandbox's root (symlinks cannot escape it).
+  virtual Result<UniqueFd> openForRead(const std::string& path) = 0;  // a regular file
+  // Creates or truncates; parent directories are created. mode e.g. 0644.
+  virtual Result<UniqueFd> openForWrite(const std::string& path, uint32_t mode) = 0;
+  virtual Result<FileStat> stat(const std::string& path) = 0;
+  virtual Result<std::vector<FileStat>> listDir(const std::string& path) = 0;
+  virtual Status remove(const std::string& path, bool recursive) = 0;
+
+  virtual Status pause() = 0;
+  virtual Status resume() = 0;
+  // Kills every process, removes mounts and cgroups, frees the upper. Idempotent.
+  virtual Status destroy() = 0;
+  virtual Result<SandboxUsage> usage() = 0;
+
+  // What a restarted agent needs to re-adopt this sandbox (written by the agent to its state dir).
+  virtual nlohmann::json persistentState() const = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  // Kernel features this backend needs that the host lacks; empty when usable.
+  virtual std::vector<std::string> missingFeatures() const = 0;
+  virtual Result<std::unique_ptr<Sandbox>> create(const SandboxSpec& spec) = 0;
+  // Re-attaches to a sandbox from persistentState() after an agent restart; kNotFound if it is gone
+  // (the caller then calls reap()).
+  virtual Result<std::unique_ptr<Sandbox>> adopt(const nlohmann::json& state) = 0;
+  // Removes whatever is left of a sandbox that cannot be adopted (processes, cgroups).
+  virtual Status reap(const nlohmann::json& state) = 0;
+  // Sandboxes' cgroups found on the node that the caller does not know (orphans) are reaped by id.
+  virtual Result<std::vector<std::string>> listLeftovers() = 0;
+  virtual Status reapLeftover(const std::string& id) = 0;
+};
+
+}  // namespace dsec::backends

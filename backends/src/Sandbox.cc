@@ -1,0 +1,17 @@
+#include "dsec/backends/Sandbox.h"
+
+namespace dsec::backends {
+
+const char* sandboxStateName(SandboxState state) {
+  switch (state) {
+    case SandboxState::kRunning:
+      return "running";
+    case SandboxState::kPaused:
+      return "paused";
+    case SandboxState::kStopped:
+      return "stopped";
+  }
+  return "unknown";
+}
+
+}  // namespace dsec::backends

@@ -1,0 +1,48 @@
+// A synchronous HTTP/1.1 + JSON client for the node API (docs/api.md) over one keep-alive connection.
+// Not thread-safe: each thread that talks to the fleet owns its own ApiClient (and so its own connection).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "dsec/common/Result.h"
+
+namespace dsec::cli {
+
+struct FleetAddress {
+  std::string endpoint;  // "http://127.0.0.1:8470"
+  std::string token;
+};
+
+// DSEC_ENDPOINT + DSEC_TOKEN from the environment (unless prefer_file), else ~/.dsec/fleets/<fleet>.json.
+Result<FleetAddress> resolveFleet(const std::string& fleet, bool prefer_file);
+
+// Percent-encodes a query parameter value.
+std::string urlEncode(const std::string& text);
+
+enum class HttpMethod { kGet, kPost, kPut, kDelete };
+
+class ApiClient {
+ public:
+  explicit ApiClient(FleetAddress address);
+  ~ApiClient();
+  ApiClient(const ApiClient&) = delete;
+  ApiClient& operator=(const ApiClient&) = delete;
+
+  // Sends a request (body serialized when not null) and returns the parsed JSON response. A non-2xx response
+  // becomes an Error with the server's code and message ("404 not_found: no sandbox n0-12").
+  Result<nlohmann::json> call(HttpMethod method, const std::string& target,
+                              const nlohmann::json& body = nlohmann::json());
+  // POSTs body to an ndjson streaming route and calls on_line for every JSON line as it arrives. Returns the
+  // last line (the one with "done": true).
+  Result<nlohmann::json> stream(const std::string& target, const nlohmann::json& body,
+                                const std::function<void(const nlohmann::json&)>& on_line);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace dsec::cli

@@ -1,0 +1,117 @@
+// dsec bench create: C client threads, each with its own keep-alive connection, create sandboxes and run `true`
+// in each; the latency sample is create request start to first exec completion. All sandboxes stay alive until
+// the phase ends (node memory is measured then), and are destroyed afterwards.
+#include <cstdio>
+#include <iostream>
+#include <mutex>
+
+#include "BenchSupport.h"
+#include "dsec/common/Strings.h"
+
+namespace dsec::cli {
+
+int benchCreate(const Invocation& inv) {
+  CommonOptions common;
+  po::options_description desc("options");
+  addCommonOptions(desc, &common, true);
+  addBenchTargetOptions(desc);
+  desc.add_options()("backend", po::value<std::string>()->default_value("container"), "sandbox backend")(
+      "count", po::value<int>()->default_value(100), "sandboxes to create")(
+      "concurrency", po::value<int>()->default_value(8), "client threads, one connection each");
+  po::variables_map vm;
+  if (!parseCommandLine(inv, inv.args, desc, {}, "--backend container --count N --concurrency C [--image IMAGE]", &vm,
+                        &common)) {
+    return kExitOk;
+  }
+  int count = vm["count"].as<int>();
+  int concurrency = vm["concurrency"].as<int>();
+  if (count <= 0) throw UsageError("--count must be > 0");
+  if (concurrency <= 0 || concurrency > 1024) throw UsageError("--concurrency must be in 1..1024");
+  std::string backend = vm["backend"].as<std::string>();
+  raiseFileLimit();
+
+  BenchTargetOptions target_options = benchTargetOptions(vm, common);
+  target_options.max_sandboxes = std::max<int64_t>(4096, count + 16);
+  auto target = openBenchTarget(target_options);
+  if (!target.ok()) return reportError(inv, target.error());
+  std::cout << "bench create: " << count << " x " << target->image << " (" << backend << ") at concurrency "
+            << concurrency << " against " << target->address.endpoint << "\n";
+
+  auto mem_before = hostMemoryUsedMb();
+  if (!mem_before.ok()) return reportError(inv, mem_before.error());
+
+  std::mutex mu;
+  std::vector<double> latencies_ms;
+  std::vector<double> create_ms;
+  std::vector<std::string> ids;
+  std::string first_error;
+  std::atomic<int> next{0};
+  std::atomic<int> failures{0};
+  nlohmann::json create_body{{"image", target->image}, {"backend", backend}};
+  nlohmann::json exec_body{{"cmd", nlohmann::json::array({"true"})}};
+
+  double start = monotonicSeconds();
+  runWorkers(target->address, concurrency, [&](ApiClient& client, int) {
+    while (next++ < count) {
+      double t0 = monotonicSeconds();
+      auto info = client.call(HttpMethod::kPost, "/v1/sandboxes", create_body);
+      double t1 = monotonicSeconds();
+      std::string error;
+      if (!info.ok()) {
+        error = "create: " + info.error().message();
+      } else {
+        std::string id = info->value("id", "");
+        {
+          std::lock_guard lock(mu);
+          ids.push_back(id);
+        }
+        auto ran = client.call(HttpMethod::kPost, "/v1/sandboxes/" + urlEncode(id) + "/exec", exec_body);
+        if (!ran.ok()) {
+          error = "exec: " + ran.error().message();
+        } else if (ran->value("exit_code", -1) != 0) {
+          error = "exec: `true` exited with " + std::to_string(ran->value("exit_code", -1)) + ": " +
+                  ran->value("stderr", "");
+        }
+      }
+      double t2 = monotonicSeconds();
+      std::lock_guard lock(mu);
+      if (!error.empty()) {
+        ++failures;
+        if (first_error.empty()) first_error = error;
+        continue;
+      }
+      latencies_ms.push_back((t2 - t0) * 1000.0);
+      create_ms.push_back((t1 - t0) * 1000.0);
+    }
+  });
+  double wall = monotonicSeconds() - start;
+  auto mem_after = hostMemoryUsedMb();
+
+  double destroy_start = monotonicSeconds();
+  int destroy_failures = destroyAll(target->address, ids, concurrency);
+  double destroy_seconds = monotonicSeconds() - destroy_start;
+  if (target->node) target->node->stop(true);
+
+  double per_second = static_cast<double>(latencies_ms.size()) / wall;
+  std::printf("created %zu sandboxes in %.3f s (%.1f/s), %d failures\n", latencies_ms.size(), wall, per_second,
+              failures.load());
+  std::printf("create+first exec: p50 %.2f ms  p90 %.2f ms  p99 %.2f ms  max %.2f ms\n", percentile(latencies_ms, 50),
+              percentile(latencies_ms, 90), percentile(latencies_ms, 99), percentile(latencies_ms, 100));
+  std::printf("create request alone: p50 %.2f ms  p99 %.2f ms\n", percentile(create_ms, 50), percentile(create_ms, 99));
+  std::printf("node memory used: %.0f MB before, %.0f MB with all alive; destroyed all in %.3f s (%d failed)\n",
+              *mem_before, mem_after.ok() ? *mem_after : 0.0, destroy_seconds, destroy_failures);
+  if (!first_error.empty()) std::printf("first failure: %s\n", first_error.c_str());
+  nlohmann::json summary{{"count", count},
+                         {"concurrency", concurrency},
+                         {"p50_ms", std::round(percentile(latencies_ms, 50) * 1000) / 1000},
+                         {"p99_ms", std::round(percentile(latencies_ms, 99) * 1000) / 1000},
+                         {"per_second", std::round(per_second * 10) / 10},
+                         {"node_mem_before_mb", std::round(*mem_before)},
+                         {"node_mem_after_mb", mem_after.ok() ? std::round(*mem_after) : 0.0},
+                         {"failures", failures.load()}};
+  std::fflush(stdout);
+  std::cout << summary.dump() << std::endl;
+  return failures.load() == 0 && destroy_failures == 0 ? kExitOk : kExitFailure;
+}
+
+}  // namespace dsec::cli

@@ -1,0 +1,124 @@
+#include "BenchSupport.h"
+
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "LayerBuild.h"
+#include "dsec/fs3/LayerStore.h"
+
+namespace dsec::cli {
+
+void addBenchTargetOptions(po::options_description& desc) {
+  desc.add_options()("image", po::value<std::string>(), "image to create (default: bench-busybox:1, built if missing)")(
+      "endpoint", po::value<std::string>(), "benchmark this running fleet instead of an embedded node")(
+      "token", po::value<std::string>(), "with --endpoint: the bearer token (default $DSEC_TOKEN)");
+}
+
+BenchTargetOptions benchTargetOptions(const po::variables_map& vm, const CommonOptions& common) {
+  BenchTargetOptions options;
+  options.root = common.root;
+  options.fleet = common.fleet;
+  options.use_fleet = common.fleet_given;
+  if (vm.count("image") != 0) options.image = vm["image"].as<std::string>();
+  if (vm.count("endpoint") != 0) options.endpoint = vm["endpoint"].as<std::string>();
+  if (vm.count("token") != 0) {
+    options.token = vm["token"].as<std::string>();
+  } else if (const char* token = std::getenv("DSEC_TOKEN"); token != nullptr) {
+    options.token = token;
+  }
+  return options;
+}
+
+Result<BenchTarget> openBenchTarget(const BenchTargetOptions& options) {
+  BenchTarget target;
+  target.image = options.image;
+  if (target.image.empty()) {
+    // The image must be in the store of the node under test; for a running fleet that is this host's --root.
+    fs3::LayerStore store(options.root);
+    DSEC_ASSIGN_OR_RETURN(auto ref, fs3::parseLayerRef("bench-busybox:1"));
+    DSEC_ASSIGN_OR_RETURN(auto manifest, ensureBusyboxLayer(store, ref));
+    target.image = manifest.ref.toString();
+  }
+  if (!options.endpoint.empty()) {
+    target.address = FleetAddress{options.endpoint, options.token};
+    return target;
+  }
+  if (options.use_fleet) {
+    DSEC_ASSIGN_OR_RETURN(target.address, resolveFleet(options.fleet, true));
+    return target;
+  }
+  launcher::ServeOptions serve;
+  serve.root = options.root;
+  serve.listen = "127.0.0.1:0";
+  serve.fleet_name = "bench";
+  serve.node_name = "bench";
+  serve.write_fleet_file = false;
+  serve.max_sandboxes = options.max_sandboxes;
+  DSEC_ASSIGN_OR_RETURN(target.node, launcher::EmbeddedNode::start(serve));
+  target.address = FleetAddress{target.node->endpoint(), target.node->token()};
+  return target;
+}
+
+Result<double> hostMemoryUsedMb() {
+  std::ifstream meminfo("/proc/meminfo");
+  if (!meminfo) return Error::sys(errno, "open /proc/meminfo");
+  std::string key;
+  int64_t value = 0;
+  std::string unit;
+  int64_t total = -1;
+  int64_t available = -1;
+  while (meminfo >> key >> value) {
+    std::getline(meminfo, unit);
+    if (key == "MemTotal:") total = value;
+    if (key == "MemAvailable:") available = value;
+  }
+  if (total < 0 || available < 0) return Error::internal("/proc/meminfo lacks MemTotal or MemAvailable");
+  return static_cast<double>(total - available) / 1024.0;
+}
+
+double percentile(std::vector<double> samples, double p) {
+  if (samples.empty()) return 0;
+  std::sort(samples.begin(), samples.end());
+  auto rank = static_cast<size_t>(std::ceil(p / 100.0 * static_cast<double>(samples.size())));
+  rank = std::clamp<size_t>(rank, 1, samples.size());
+  return samples[rank - 1];
+}
+
+void raiseFileLimit() {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur < limit.rlim_max) {
+    limit.rlim_cur = limit.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &limit);
+  }
+}
+
+void runWorkers(const FleetAddress& address, int threads, const std::function<void(ApiClient&, int)>& work) {
+  std::vector<std::thread> pool;
+  pool.reserve(static_cast<size_t>(threads));
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      ApiClient client(address);
+      work(client, t);
+    });
+  }
+  for (auto& thread : pool) thread.join();
+}
+
+int destroyAll(const FleetAddress& address, const std::vector<std::string>& ids, int threads) {
+  std::atomic<size_t> next{0};
+  std::atomic<int> failures{0};
+  runWorkers(address, threads, [&](ApiClient& client, int) {
+    for (size_t i = next++; i < ids.size(); i = next++) {
+      if (!client.call(HttpMethod::kDelete, "/v1/sandboxes/" + urlEncode(ids[i])).ok()) ++failures;
+    }
+  });
+  return failures.load();
+}
+
+}  // namespace dsec::cli

@@ -1,0 +1,50 @@
+// Shared by `dsec bench create` and `dsec bench density`: the fleet under test (an embedded node started here,
+// or a running one), the benchmark image, host memory, percentiles and a pool of client threads.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ApiClient.h"
+#include "Cli.h"
+#include "dsec/launcher/Serve.h"
+
+namespace dsec::cli {
+
+struct BenchTargetOptions {
+  std::string root;
+  std::string endpoint;  // use this running fleet (token from DSEC_TOKEN or --token)
+  std::string token;
+  bool use_fleet = false;  // use the fleet named by common.fleet
+  std::string fleet;
+  std::string image;  // empty: bench-busybox:1, built in root if missing
+  int64_t max_sandboxes = 4096;
+};
+
+struct BenchTarget {
+  std::unique_ptr<launcher::EmbeddedNode> node;  // null when benchmarking a running fleet
+  FleetAddress address;
+  std::string image;
+};
+
+void addBenchTargetOptions(po::options_description& desc);
+BenchTargetOptions benchTargetOptions(const po::variables_map& vm, const CommonOptions& common);
+Result<BenchTarget> openBenchTarget(const BenchTargetOptions& options);
+
+// Host memory in use: MemTotal - MemAvailable from /proc/meminfo, in MiB.
+Result<double> hostMemoryUsedMb();
+// p in [0, 100], nearest-rank on a sorted copy; 0 for no samples.
+double percentile(std::vector<double> samples, double p);
+// Raises RLIMIT_NOFILE to its hard limit (an in-process node holds several fds per sandbox).
+void raiseFileLimit();
+
+// Runs work(client, worker) on `threads` threads, each with its own keep-alive connection.
+void runWorkers(const FleetAddress& address, int threads, const std::function<void(ApiClient&, int)>& work);
+
+// Destroys the sandboxes with `threads` clients; returns how many failed.
+int destroyAll(const FleetAddress& address, const std::vector<std::string>& ids, int threads);
+
+}  // namespace dsec::cli

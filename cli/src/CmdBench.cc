@@ -1,0 +1,36 @@
+// dsec bench create|density: benchmarks against an embedded node started here (or a running fleet).
+#include <iostream>
+
+#include "Commands.h"
+
+namespace dsec::cli {
+
+int benchCreate(const Invocation& inv);
+int benchDensity(const Invocation& inv);
+
+int cmdBench(const Invocation& inv) {
+  static const std::pair<const char*, int (*)(const Invocation&)> kSubcommands[] = {{"create", benchCreate},
+                                                                                    {"density", benchDensity}};
+  if (inv.args.empty() || inv.args[0] == "--help" || inv.args[0] == "-h") {
+    std::ostream& out = inv.args.empty() ? std::cerr : std::cout;
+    out << "usage: dsec bench create --backend container --count N --concurrency C [--image IMAGE]\n"
+           "       dsec bench density --count N [--image IMAGE]\n"
+           "Both start an embedded node on 127.0.0.1 with --root unless --endpoint or --fleet is given.\n"
+           "The last line of the output is one JSON object with the figures.\n";
+    if (inv.args.empty()) throw UsageError("missing bench command (create, density)");
+    return kExitOk;
+  }
+  for (const auto& [name, run] : kSubcommands) {
+    if (inv.args[0] != name) continue;
+    Invocation sub{"bench " + inv.args[0], inv.globals, std::vector<std::string>(inv.args.begin() + 1, inv.args.end())};
+    try {
+      return run(sub);
+    } catch (const UsageError& e) {  // named after the full command: "dsec layer build: ..."
+      std::cerr << "dsec " << sub.name << ": " << e.what() << "\n(see `dsec " << sub.name << " --help`)\n";
+      return kExitUsage;
+    }
+  }
+  throw UsageError("unknown bench command '" + inv.args[0] + "' (create, density)");
+}
+
+}  // namespace dsec::cli

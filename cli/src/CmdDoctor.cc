@@ -1,0 +1,77 @@
+// dsec doctor: what this host supports for dsec (namespaces, cgroups, overlay/EROFS, KVM, BPF LSM...), whether
+// the sandbox init helper and the layer store are usable. Exits 0 when container sandboxes can run here.
+#include <unistd.h>
+
+#include <iostream>
+
+#include "Commands.h"
+#include "dsec/backends/container/ContainerBackend.h"
+#include "dsec/common/Cgroup.h"
+#include "dsec/common/HostFeatures.h"
+#include "dsec/common/Process.h"
+#include "dsec/common/Strings.h"
+#include "dsec/fs3/LayerStore.h"
+
+namespace dsec::cli {
+
+namespace {
+
+void line(const std::string& what, bool ok, const std::string& detail) {
+  std::cout << "  " << (ok ? "[ok]   " : "[MISS] ") << what << (detail.empty() ? "" : ": " + detail) << "\n";
+}
+
+}  // namespace
+
+int cmdDoctor(const Invocation& inv) {
+  CommonOptions common;
+  po::options_description desc("options");
+  addCommonOptions(desc, &common, false);
+  po::variables_map vm;
+  if (!parseCommandLine(inv, inv.args, desc, {}, "", &vm, &common)) return kExitOk;
+
+  bool container_ok = true;
+  HostFeatures host = probeHostFeatures();
+  std::cout << "host:\n" << formatHostFeatures(host) << "\n";
+  container_ok = host.missingRequired().empty();
+
+  std::cout << "cgroups:\n";
+  auto driver = detectCgroupDriver("dsec");
+  line("cgroup driver", driver.ok(), driver.ok() ? (*driver)->describe() : driver.error().message());
+  container_ok = container_ok && driver.ok();
+
+  std::cout << "container backend:\n";
+  auto backend = backends::makeContainerBackend({});
+  if (!backend.ok()) {
+    line("container backend", false, backend.error().message());
+    container_ok = false;
+  } else {
+    std::string init_problem;
+    std::string other;
+    for (const auto& m : (*backend)->missingFeatures()) {
+      if (startsWith(m, "dsec-sandbox-init")) {
+        init_problem = m;
+      } else {
+        other += (other.empty() ? "missing " : ", ") + m;
+      }
+    }
+    line("dsec-sandbox-init", init_problem.empty(), init_problem.empty() ? "found" : init_problem);
+    line("container backend", other.empty(), other.empty() ? "usable" : other);
+    container_ok = container_ok && init_problem.empty() && other.empty();
+  }
+
+  std::cout << "layer store (" << common.root << "):\n";
+  if (access(common.root.c_str(), F_OK) != 0) {
+    line("root", true, "does not exist yet (created on first use)");
+  } else {
+    bool writable = access(common.root.c_str(), W_OK) == 0;
+    line("root", writable, writable ? "writable" : "not writable");
+    fs3::LayerStore store(common.root);
+    auto layers = store.list();
+    line("layers", layers.ok(), layers.ok() ? std::to_string(layers->size()) + " layer(s)" : layers.error().message());
+  }
+  std::cout << (container_ok ? "container sandboxes can run on this host\n"
+                             : "container sandboxes cannot run on this host (see [MISS] above)\n");
+  return container_ok ? kExitOk : kExitFailure;
+}
+
+}  // namespace dsec::cli

@@ -1,0 +1,167 @@
+// dsec layer build|ls|rm: works directly on the local layer store at --root (no server needed).
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "Commands.h"
+#include "LayerBuild.h"
+#include "Table.h"
+#include "dsec/common/Strings.h"
+#include "dsec/fs3/LayerRef.h"
+#include "dsec/fs3/LayerStore.h"
+
+namespace dsec::cli {
+
+namespace {
+
+fs3::LayerRef parseRefArg(const std::string& text) {
+  auto ref = fs3::parseLayerRef(text);
+  if (!ref.ok()) throw UsageError(ref.error().message());
+  return *ref;
+}
+
+void printManifest(const fs3::LayerManifest& m) {
+  std::cout << "built " << m.ref.toString() << " (" << formatBytes(m.size) << ", sha256 " << m.sha256.substr(0, 16)
+            << (m.built_on.empty() ? "" : ", on " + m.built_on) << ")\n";
+}
+
+int layerBuild(const Invocation& inv) {
+  CommonOptions common;
+  po::options_description desc("options");
+  addCommonOptions(desc, &common, false);
+  desc.add_options()("ref", po::value<std::string>()->required(), "NAME:VERSION of the new layer")(
+      "from-dir", po::value<std::string>(), "make the layer from this directory tree")(
+      "debootstrap", po::value<std::string>(), "make a Debian base layer: debootstrap --variant=minbase SUITE")(
+      "mirror", po::value<std::string>(), "with --debootstrap: the Debian mirror URL")(
+      "on", po::value<std::string>(), "with --run: the image to run on, e.g. debian:12")(
+      "run", po::value<std::string>(), "with --on: shell command whose file changes become the layer");
+  po::positional_options_description positional;
+  positional.add("ref", 1);
+  po::variables_map vm;
+  if (!parseCommandLine(inv, inv.args, desc, positional,
+                        "NAME:VERSION (--from-dir DIR | --debootstrap SUITE [--mirror URL] | --on IMAGE --run CMD)",
+                        &vm, &common)) {
+    return kExitOk;
+  }
+  fs3::LayerRef ref = parseRefArg(vm["ref"].as<std::string>());
+  int sources = static_cast<int>(vm.count("from-dir") + vm.count("debootstrap") + vm.count("run"));
+  if (sources != 1) throw UsageError("give exactly one of --from-dir, --debootstrap, --on/--run");
+  if ((vm.count("on") != 0) != (vm.count("run") != 0)) throw UsageError("--on and --run go together");
+  if (vm.count("mirror") != 0 && vm.count("debootstrap") == 0) throw UsageError("--mirror needs --debootstrap");
+  if (vm.count("on") != 0) {
+    auto image = fs3::parseImageRef(vm["on"].as<std::string>());
+    if (!image.ok()) throw UsageError("--on: " + image.error().message());
+  }
+
+  fs3::LayerStore store(common.root);
+  Result<fs3::LayerManifest> built = Error::internal("no source");
+  if (vm.count("from-dir") != 0) {
+    std::string dir = vm["from-dir"].as<std::string>();
+    built = store.buildFromDir(ref, dir, "", "dir:" + dir);
+  } else if (vm.count("debootstrap") != 0) {
+    std::string mirror = vm.count("mirror") != 0 ? vm["mirror"].as<std::string>() : "";
+    built = store.buildDebootstrap(ref, vm["debootstrap"].as<std::string>(), mirror);
+  } else {
+    auto outcome = buildLayerByRunning(store, ref, vm["on"].as<std::string>(), vm["run"].as<std::string>());
+    if (!outcome.ok()) return reportError(inv, outcome.error());
+    if (outcome->exit_code != 0) {
+      reportError(inv, "the command exited with " + std::to_string(outcome->exit_code) + "; no layer was built");
+      return outcome->exit_code > 0 && outcome->exit_code < 256 ? outcome->exit_code : kExitFailure;
+    }
+    built = outcome->manifest;
+  }
+  if (!built.ok()) return reportError(inv, built.error());
+  printManifest(*built);
+  return kExitOk;
+}
+
+int layerLs(const Invocation& inv) {
+  CommonOptions common;
+  po::options_description desc("options");
+  addCommonOptions(desc, &common, false);
+  desc.add_options()("json", po::bool_switch(), "print the manifests as JSON");
+  po::variables_map vm;
+  if (!parseCommandLine(inv, inv.args, desc, {}, "", &vm, &common)) return kExitOk;
+  fs3::LayerStore store(common.root);
+  auto layers = store.list();
+  if (!layers.ok()) return reportError(inv, layers.error());
+  if (vm["json"].as<bool>()) {
+    nlohmann::json out = nlohmann::json::array();
+    for (const auto& m : *layers) {
+      out.push_back({{"name", m.ref.name},
+                     {"version", m.ref.version},
+                     {"sha256", m.sha256},
+                     {"size", m.size},
+                     {"created", m.created},
+                     {"built_on", m.built_on},
+                     {"source", m.source}});
+    }
+    std::cout << nlohmann::json{{"layers", out}}.dump(2) << "\n";
+    return kExitOk;
+  }
+  Table table({"NAME:VERSION", "SIZE", "CREATED", "BUILT_ON"});
+  for (const auto& m : *layers) {
+    table.add({m.ref.toString(), formatBytes(m.size), m.created, m.built_on.empty() ? "-" : m.built_on});
+  }
+  table.print(std::cout);
+  return kExitOk;
+}
+
+int layerRm(const Invocation& inv) {
+  CommonOptions common;
+  po::options_description desc("options");
+  addCommonOptions(desc, &common, false);
+  desc.add_options()("ref", po::value<std::vector<std::string>>(), "NAME:VERSION of the layers to remove");
+  po::positional_options_description positional;
+  positional.add("ref", -1);
+  po::variables_map vm;
+  if (!parseCommandLine(inv, inv.args, desc, positional, "NAME:VERSION...", &vm, &common)) return kExitOk;
+  if (vm.count("ref") == 0) throw UsageError("missing NAME:VERSION");
+  std::vector<fs3::LayerRef> refs;
+  for (const auto& text : vm["ref"].as<std::vector<std::string>>()) refs.push_back(parseRefArg(text));
+  fs3::LayerStore store(common.root);
+  int status = kExitOk;
+  for (const auto& ref : refs) {
+    if (isLayerMounted(store, ref)) {
+      status = reportError(inv, "layer " + ref.toString() + " is in use (mounted at " + store.root() + "/mnt/" +
+                                    ref.name + "/" + ref.version + "); destroy the sandboxes using it first");
+      continue;
+    }
+    Status removed = store.remove(ref);
+    if (!removed.ok()) {
+      status = reportError(inv, removed.error());
+      continue;
+    }
+    std::cout << "removed " << ref.toString() << "\n";
+  }
+  return status;
+}
+
+}  // namespace
+
+int cmdLayer(const Invocation& inv) {
+  static const std::pair<const char*, int (*)(const Invocation&)> kSubcommands[] = {
+      {"build", layerBuild}, {"ls", layerLs}, {"rm", layerRm}};
+  if (inv.args.empty() || inv.args[0] == "--help" || inv.args[0] == "-h") {
+    std::ostream& out = inv.args.empty() ? std::cerr : std::cout;
+    out << "usage: dsec layer build NAME:VERSION (--from-dir DIR | --debootstrap SUITE [--mirror URL] |\n"
+           "                                      --on IMAGE --run CMD)\n"
+           "       dsec layer ls\n"
+           "       dsec layer rm NAME:VERSION...\n"
+           "Layers live in <root>/layers (--root, default $DSEC_ROOT or /var/lib/dsec).\n";
+    if (inv.args.empty()) throw UsageError("missing layer command (build, ls, rm)");
+    return kExitOk;
+  }
+  for (const auto& [name, run] : kSubcommands) {
+    if (inv.args[0] != name) continue;
+    Invocation sub{"layer " + inv.args[0], inv.globals, std::vector<std::string>(inv.args.begin() + 1, inv.args.end())};
+    try {
+      return run(sub);
+    } catch (const UsageError& e) {  // named after the full command: "dsec layer build: ..."
+      std::cerr << "dsec " << sub.name << ": " << e.what() << "\n(see `dsec " << sub.name << " --help`)\n";
+      return kExitUsage;
+    }
+  }
+  throw UsageError("unknown layer command '" + inv.args[0] + "' (build, ls, rm)");
+}
+
+}  // namespace dsec::cli

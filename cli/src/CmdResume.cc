@@ -1,0 +1,27 @@
+// dsec resume ID: thaws a sandbox (cgroup freezer) and prints its new state.
+#include <iostream>
+
+#include "ClientCommon.h"
+#include "Commands.h"
+
+namespace dsec::cli {
+
+int cmdResume(const Invocation& inv) {
+  CommonOptions common;
+  po::options_description desc("options");
+  addCommonOptions(desc, &common, true);
+  desc.add_options()("id", po::value<std::string>()->required(), "sandbox id");
+  po::positional_options_description positional;
+  positional.add("id", 1);
+  po::variables_map vm;
+  if (!parseCommandLine(inv, inv.args, desc, positional, "ID", &vm, &common)) return kExitOk;
+  auto client = connectFleet(common);
+  if (!client.ok()) return reportError(inv, client.error());
+  std::string id = vm["id"].as<std::string>();
+  auto info = (*client)->call(HttpMethod::kPost, sandboxPath(id) + "/resume");
+  if (!info.ok()) return reportError(inv, info.error());
+  std::cout << id << " " << info->value("state", "?") << "\n";
+  return kExitOk;
+}
+
+}  // namespace dsec::cli

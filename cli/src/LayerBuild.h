@@ -1,0 +1,33 @@
+// The ways `dsec layer build` makes a layer that are more than one store call.
+#pragma once
+
+#include <string>
+
+#include "dsec/common/Result.h"
+#include "dsec/fs3/LayerRef.h"
+#include "dsec/fs3/LayerStore.h"
+
+namespace dsec::cli {
+
+struct RunBuildOutcome {
+  int exit_code = 0;            // the command's; non-zero means no layer was made
+  fs3::LayerManifest manifest;  // valid when exit_code == 0
+};
+
+// --on IMAGE --run CMD: runs `/bin/sh -c CMD` in a container sandbox over IMAGE (host network, so apt works)
+// whose writable upper is a fresh host directory under <root>/layers/.build-<hex>/upper, streaming its output
+// to our terminal; then captures that upper (whiteouts and opaque dirs included) as the layer. The build dir
+// is removed whatever happens.
+Result<RunBuildOutcome> buildLayerByRunning(fs3::LayerStore& store, const fs3::LayerRef& ref, const std::string& image,
+                                            const std::string& command);
+
+// A tiny base layer from the host's static busybox: bin/busybox plus a symlink per applet, and the usual empty
+// top-level directories. Used by the benchmarks and tests. No-op if the layer exists.
+Result<fs3::LayerManifest> ensureBusyboxLayer(fs3::LayerStore& store, const fs3::LayerRef& ref);
+// Writes such a rootfs into dir (which must exist and be empty).
+Status writeBusyboxRootfs(const std::string& dir);
+
+// True if the layer is mounted now (<root>/mnt/NAME/VERSION appears in /proc/self/mountinfo).
+bool isLayerMounted(const fs3::LayerStore& store, const fs3::LayerRef& ref);
+
+}  // namespace dsec::cli

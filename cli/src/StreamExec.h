@@ -1,0 +1,20 @@
+// Runs a command through POST /v1/sandboxes/{id}/exec/stream and copies its output to our stdout/stderr as it
+// arrives; shared by `dsec exec` and `dsec run -- CMD`.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "ApiClient.h"
+#include "dsec/common/Result.h"
+
+namespace dsec::cli {
+
+// body is the exec request of docs/api.md. Returns the final result object ("exit_code", "timed_out", ...).
+Result<nlohmann::json> streamExec(ApiClient& client, const std::string& id, const nlohmann::json& body);
+
+// The exit status `dsec` should end with for an exec result (the command's own code; 137 after a timeout), and
+// a note on stderr when the command timed out or was OOM-killed.
+int exitCodeOf(const nlohmann::json& result, const std::string& command_name);
+
+}  // namespace dsec::cli

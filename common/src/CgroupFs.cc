@@ -1,0 +1,94 @@
+// The real cgroup file system: plain system calls, every failure an Error carrying errno and the path.
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "dsec/common/Cgroup.h"
+#include "dsec/common/Fd.h"
+
+namespace dsec {
+namespace {
+
+class RealCgroupFs final : public CgroupFs {
+ public:
+  Status makeDir(const std::string& path) override {
+    if (::mkdir(path.c_str(), 0755) != 0) return Error::sys(errno, "mkdir " + path);
+    return okStatus();
+  }
+
+  Status removeDir(const std::string& path) override {
+    if (::rmdir(path.c_str()) != 0) return Error::sys(errno, "rmdir " + path);
+    return okStatus();
+  }
+
+  bool exists(const std::string& path) override { return ::access(path.c_str(), F_OK) == 0; }
+
+  Status writeFile(const std::string& path, const std::string& value) override {
+    UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CLOEXEC));
+    if (!fd) return Error::sys(errno, "open " + path);
+    // cgroup files take one value per write(2); a short write is an error from the kernel's point of view.
+    ssize_t n;
+    do {
+      n = ::write(fd.get(), value.data(), value.size());
+    } while (n < 0 && errno == EINTR);
+    if (n < 0) return Error::sys(errno, "write '" + value + "' to " + path);
+    if (static_cast<size_t>(n) != value.size()) return Error::sys(EIO, "short write to " + path);
+    return okStatus();
+  }
+
+  Result<std::string> readFile(const std::string& path) override {
+    UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!fd) return Error::sys(errno, "open " + path);
+    std::string out;
+    char buf[4096];
+    for (;;) {
+      ssize_t n = ::read(fd.get(), buf, sizeof buf);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return Error::sys(errno, "read " + path);
+      }
+      if (n == 0) break;
+      out.append(buf, static_cast<size_t>(n));
+    }
+    return out;
+  }
+
+  Result<std::vector<std::string>> listDirs(const std::string& path) override {
+    DIR* dir = ::opendir(path.c_str());
+    if (dir == nullptr) return Error::sys(errno, "opendir " + path);
+    std::vector<std::string> names;
+    errno = 0;
+    while (struct dirent* entry = ::readdir(dir)) {
+      if (std::strcmp(entry->d_name, ".") == 0 || std::strcmp(entry->d_name, "..") == 0) continue;
+      bool is_dir = entry->d_type == DT_DIR;
+      if (entry->d_type == DT_UNKNOWN) {
+        struct stat st;
+        is_dir = ::fstatat(::dirfd(dir), entry->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode);
+      }
+      if (is_dir) names.emplace_back(entry->d_name);
+      errno = 0;
+    }
+    int err = errno;
+    ::closedir(dir);
+    if (err != 0) return Error::sys(err, "readdir " + path);
+    return names;
+  }
+
+  Status signalProcess(pid_t pid, int signal) override {
+    if (::kill(pid, signal) != 0 && errno != ESRCH) {
+      return Error::sys(errno, "kill " + std::to_string(pid));
+    }
+    return okStatus();
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<CgroupFs> makeRealCgroupFs() { return std::make_unique<RealCgroupFs>(); }
+
+}  // namespace dsec

@@ -1,0 +1,235 @@
+#include "dsec/common/Strings.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+
+#include "dsec/common/Fd.h"
+
+namespace dsec {
+
+Result<int64_t> parseByteSize(std::string_view text) {
+  std::string s = trim(text);
+  if (s.empty()) return Error::invalid("empty size");
+  size_t i = 0;
+  bool seen_digit = false;
+  bool seen_dot = false;
+  while (i < s.size() && (std::isdigit(static_cast<unsigned char>(s[i])) || (s[i] == '.' && !seen_dot))) {
+    if (s[i] == '.') seen_dot = true;
+    else seen_digit = true;
+    ++i;
+  }
+  if (!seen_digit) return Error::invalid("size '" + s + "' must start with a non-negative number (e.g. 512M)");
+  double number = 0;
+  try {
+    number = std::stod(s.substr(0, i));
+  } catch (...) {
+    return Error::invalid("size '" + s + "' is not a number");
+  }
+  std::string suffix = s.substr(i);
+  for (auto& c : suffix) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  double mult = 1;
+  if (suffix.empty() || suffix == "b") mult = 1;
+  else if (suffix == "k" || suffix == "kb" || suffix == "kib") mult = 1024.0;
+  else if (suffix == "m" || suffix == "mb" || suffix == "mib") mult = 1024.0 * 1024;
+  else if (suffix == "g" || suffix == "gb" || suffix == "gib") mult = 1024.0 * 1024 * 1024;
+  else if (suffix == "t" || suffix == "tb" || suffix == "tib") mult = 1024.0 * 1024 * 1024 * 1024;
+  else return Error::invalid("size '" + s + "' has an unknown unit '" + suffix + "' (use K, M, G or T)");
+  double bytes = number * mult;
+  if (!std::isfinite(bytes) || bytes > 9.0e18) return Error::invalid("size '" + s + "' is too large");
+  return static_cast<int64_t>(bytes);
+}
+
+std::string formatBytes(int64_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  while (v >= 1024 && u < 4) {
+    v /= 1024;
+    ++u;
+  }
+  char buf[32];
+  snprintf(buf, sizeof(buf), u == 0 ? "%.0f %s" : "%.1f %s", v, units[u]);
+  return buf;
+}
+
+std::vector<std::string> split(std::string_view text, char sep) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (true) {
+    size_t pos = text.find(sep, start);
+    if (pos == std::string_view::npos) {
+      out.emplace_back(text.substr(start));
+      return out;
+    }
+    out.emplace_back(text.substr(start, pos - start));
+    start = pos + 1;
+  }
+}
+
+std::string trim(std::string_view text) {
+  size_t b = 0;
+  size_t e = text.size();
+  while (b < e && std::isspace(static_cast<unsigned char>(text[b]))) ++b;
+  while (e > b && std::isspace(static_cast<unsigned char>(text[e - 1]))) --e;
+  return std::string(text.substr(b, e - b));
+}
+
+bool startsWith(std::string_view text, std::string_view prefix) { return text.substr(0, prefix.size()) == prefix; }
+
+std::string randomHex(size_t length) {
+  static const char kDigits[] = "0123456789abcdef";
+  std::string bytes((length + 1) / 2, '\0');
+  size_t got = 0;
+  while (got < bytes.size()) {
+    ssize_t n = getrandom(bytes.data() + got, bytes.size() - got, 0);
+    if (n > 0) got += static_cast<size_t>(n);
+  }
+  std::string out;
+  out.reserve(length);
+  for (unsigned char c : bytes) {
+    out.push_back(kDigits[c >> 4]);
+    out.push_back(kDigits[c & 15]);
+  }
+  out.resize(length);
+  return out;
+}
+
+Result<std::string> readFile(const std::string& path) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd) return Error::sys(errno, "open " + path);
+  std::string out;
+  char buf[16384];
+  while (true) {
+    ssize_t n = ::read(fd.get(), buf, sizeof(buf));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Error::sys(errno, "read " + path);
+    }
+    if (n == 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  return out;
+}
+
+static Status writeAll(int fd, std::string_view data, const std::string& path) {
+  while (!data.empty()) {
+    ssize_t n = ::write(fd, data.data(), data.size());
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Error::sys(errno, "write " + path);
+    }
+    data.remove_prefix(static_cast<size_t>(n));
+  }
+  return okStatus();
+}
+
+Status writeFile(const std::string& path, std::string_view contents) {
+  UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  if (!fd) return Error::sys(errno, "open " + path);
+  return writeAll(fd.get(), contents, path);
+}
+
+Status writeFileAtomic(const std::string& path, std::string_view contents, int mode) {
+  std::string tmp = path + ".tmp-" + randomHex(8);
+  {
+    UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode));
+    if (!fd) return Error::sys(errno, "open " + tmp);
+    Status st = writeAll(fd.get(), contents, tmp);
+    if (st.ok() && ::fsync(fd.get()) != 0) st = Error::sys(errno, "fsync " + tmp);
+    if (!st.ok()) {
+      ::unlink(tmp.c_str());
+      return st;
+    }
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    int err = errno;
+    ::unlink(tmp.c_str());
+    return Error::sys(err, "rename " + tmp + " to " + path);
+  }
+  return okStatus();
+}
+
+Status makeDirs(const std::string& path, int mode) {
+  if (path.empty()) return Error::invalid("empty directory path");
+  std::string cur;
+  for (const auto& part : split(path, '/')) {
+    if (part.empty()) {
+      if (cur.empty()) cur = "/";
+      continue;
+    }
+    if (!cur.empty() && cur.back() != '/') cur += '/';
+    cur += part;
+    if (::mkdir(cur.c_str(), mode) != 0 && errno != EEXIST) return Error::sys(errno, "mkdir " + cur);
+  }
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return Error::sys(errno, "stat " + path);
+  if (!S_ISDIR(st.st_mode)) return Error(ErrorCode::kInvalidArgument, path + " exists and is not a directory");
+  return okStatus();
+}
+
+// Removes the entries of dirfd (which lives on device dev) recursively without following symlinks or
+// crossing into other mounts.
+static Status removeContents(int dirfd, dev_t dev, const std::string& path) {
+  UniqueFd dup(::dup(dirfd));
+  if (!dup) return Error::sys(errno, "dup");
+  DIR* dir = ::fdopendir(dup.get());
+  if (dir == nullptr) return Error::sys(errno, "opendir " + path);
+  dup.release();
+  Status result;
+  while (struct dirent* ent = ::readdir(dir)) {
+    std::string name = ent->d_name;
+    if (name == "." || name == "..") continue;
+    struct stat st {};
+    if (::fstatat(dirfd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
+    if (S_ISDIR(st.st_mode)) {
+      if (st.st_dev != dev) {
+        result = Error(ErrorCode::kConflict, "refusing to remove " + path + "/" + name + ": it is a mount point");
+        continue;
+      }
+      UniqueFd child(::openat(dirfd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+      if (!child) continue;
+      Status st2 = removeContents(child.get(), dev, path + "/" + name);
+      if (!st2.ok()) result = st2;
+      if (::unlinkat(dirfd, name.c_str(), AT_REMOVEDIR) != 0 && result.ok()) {
+        result = Error::sys(errno, "rmdir " + path + "/" + name);
+      }
+    } else if (::unlinkat(dirfd, name.c_str(), 0) != 0 && result.ok()) {
+      result = Error::sys(errno, "unlink " + path + "/" + name);
+    }
+  }
+  ::closedir(dir);
+  return result;
+}
+
+Status removeTree(const std::string& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return okStatus();
+    return Error::sys(errno, "stat " + path);
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    if (::unlink(path.c_str()) != 0) return Error::sys(errno, "unlink " + path);
+    return okStatus();
+  }
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!fd) return Error::sys(errno, "open " + path);
+  DSEC_TRY(removeContents(fd.get(), st.st_dev, path));
+  if (::rmdir(path.c_str()) != 0) return Error::sys(errno, "rmdir " + path);
+  return okStatus();
+}
+
+double monotonicSeconds() {
+  struct timespec ts {};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) / 1e9;
+}
+
+}  // namespace dsec

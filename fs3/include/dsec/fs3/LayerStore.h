@@ -1,0 +1,72 @@
+// The node's layer store: immutable EROFS images with manifests under <root>/layers/NAME/VERSION/.
+//   layer.erofs     the image (mkfs.erofs of a directory tree; overlay whiteouts and xattrs kept)
+//   manifest.json   {"name","version","sha256","size","created","built_on","source"}
+// A NAME:VERSION, once built, is never rebuilt or changed (kAlreadyExists); removing it is explicit.
+// Builds happen in <root>/layers/.tmp-*/ and are renamed into place, so a layer directory, once visible, is
+// complete; the store's layers are mounted by LayerMounter at <root>/mnt/NAME/VERSION.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dsec/common/Result.h"
+#include "dsec/fs3/LayerRef.h"
+
+namespace dsec::fs3 {
+
+struct LayerManifest {
+  LayerRef ref;
+  std::string sha256;    // of layer.erofs
+  int64_t size = 0;      // bytes of layer.erofs
+  std::string created;   // RFC 3339 UTC
+  std::string built_on;  // image it was built on ("" for a base layer)
+  std::string source;    // how: "dir:/path", "debootstrap:bookworm", "run:<cmd>"
+};
+
+class StagingDir;
+
+class LayerStore {
+ public:
+  // root e.g. /var/lib/dsec (made absolute); layers live in root/layers. Cheap: no system calls.
+  explicit LayerStore(std::string root);
+
+  // Creates root and root/layers (0755) if missing, checks they are directories, and removes staging dirs
+  // left by builds that crashed (not those of builds still running, even in another process). Call once at
+  // start; the other methods work without it.
+  Status init();
+
+  const std::string& root() const { return root_; }
+  std::string layerDir(const LayerRef& ref) const;
+  std::string imagePath(const LayerRef& ref) const;  // .../layer.erofs
+  std::string mountDir(const LayerRef& ref) const;   // <root>/mnt/NAME/VERSION (where LayerMounter mounts it)
+
+  // Builds NAME:VERSION from a directory tree with mkfs.erofs (atomically: a half-built layer is never
+  // visible, and a failure leaves nothing). kAlreadyExists if the layer exists; kInvalidArgument if dir is
+  // not a directory.
+  Result<LayerManifest> buildFromDir(const LayerRef& ref, const std::string& dir, const std::string& built_on,
+                                     const std::string& source);
+  // debootstrap --variant=minbase SUITE into a temp dir (mirror from the host's apt sources unless given),
+  // then as buildFromDir with source "debootstrap:SUITE". The temp tree is always removed.
+  Result<LayerManifest> buildDebootstrap(const LayerRef& ref, const std::string& suite, const std::string& mirror = "");
+
+  Result<LayerManifest> get(const LayerRef& ref) const;  // kNotFound with the name if missing
+  bool exists(const LayerRef& ref) const;
+  // Every layer, sorted by name then version.
+  Result<std::vector<LayerManifest>> list() const;
+  // Deletes the layer (atomically: renamed away first). kNotFound if missing; kConflict while it is mounted
+  // at mountDir() (the node agent should also check LayerMounter::refCount before calling).
+  Status remove(const LayerRef& ref);
+  // Checks every layer of an image exists; kNotFound naming the first missing one.
+  Status checkImage(const std::vector<LayerRef>& layers) const;
+
+ private:
+  std::string layersDir() const { return root_ + "/layers"; }
+  Result<LayerManifest> publish(const LayerRef& ref, StagingDir& staging, const std::string& tree,
+                                const std::string& built_on, const std::string& source);
+
+  std::string root_;
+};
+
+}  // namespace dsec::fs3

@@ -1,0 +1,43 @@
+#include "Manifest.h"
+
+#include <time.h>
+
+#include <nlohmann/json.hpp>
+
+namespace dsec::fs3 {
+
+std::string manifestToJson(const LayerManifest& m) {
+  nlohmann::json j = {
+      {"name", m.ref.name},   {"version", m.ref.version}, {"sha256", m.sha256}, {"size", m.size},
+      {"created", m.created}, {"built_on", m.built_on},   {"source", m.source},
+  };
+  return j.dump(2) + "\n";
+}
+
+Result<LayerManifest> manifestFromJson(const std::string& text, const std::string& what) {
+  try {
+    auto j = nlohmann::json::parse(text);
+    LayerManifest m;
+    m.ref.name = j.at("name").get<std::string>();
+    m.ref.version = j.at("version").get<std::string>();
+    m.sha256 = j.at("sha256").get<std::string>();
+    m.size = j.at("size").get<int64_t>();
+    m.created = j.at("created").get<std::string>();
+    m.built_on = j.value("built_on", "");
+    m.source = j.value("source", "");
+    return m;
+  } catch (const nlohmann::json::exception& e) {
+    return Error::internal(what + " is corrupt: " + e.what());
+  }
+}
+
+std::string nowRfc3339() {
+  time_t now = ::time(nullptr);
+  struct tm tm {};
+  ::gmtime_r(&now, &tm);
+  char buf[32];
+  ::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+}  // namespace dsec::fs3

@@ -1,0 +1,143 @@
+// The node agent: owns the layer store and mounter, the container backend and the registry of live
+// sandboxes. It validates admission, creates and destroys sandboxes, persists each sandbox's state under
+// <root>/state/sandboxes/<id>.json (so a restarted agent re-adopts it), and enforces absolute and idle
+// timeouts from a reaper thread.
+//
+// Locking: `mu_` guards only the registry map and the admission count; it is never held across a backend
+// call, so concurrent creates run their slow parts in parallel. Each sandbox has its own mutex that
+// serialises state changes (pause, resume, destroy, transparent resume); execs and file operations hold a
+// lease (an activity count) instead, so many can run at once on one sandbox.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dsec/backends/Sandbox.h"
+#include "dsec/common/Result.h"
+#include "dsec/fs3/LayerMounter.h"
+#include "dsec/fs3/LayerStore.h"
+#include "dsec/launcher/Metrics.h"
+#include "dsec/launcher/Requests.h"
+
+namespace dsec::launcher {
+
+struct NodeOptions {
+  std::string root;
+  std::string node_name = "n0";
+  std::string fleet_name = "default";
+  int64_t max_sandboxes = 4096;
+  double reaper_interval_seconds = 1.0;
+  std::string cgroup_parent;  // empty: cgroupParentForRoot(root)
+};
+
+// "dsec" for /var/lib/dsec, else "dsec-<8 hex of a hash of the root path>".
+std::string cgroupParentForRoot(const std::string& root);
+
+struct SandboxRecord {
+  std::string id;
+  CreateParams params;
+  double created_unix = 0;
+  std::atomic<double> last_active_unix{0};
+  std::atomic<double> last_active_mono{0};
+  std::atomic<int> active{0};  // execs and file operations in flight
+
+  std::mutex mu;  // serialises pause/resume/destroy and the transparent resume
+  bool destroyed = false;
+  // Declared before `sandbox` so the sandbox handle goes first when the record dies.
+  std::unique_ptr<fs3::ImageMount> mount;
+  std::unique_ptr<backends::Sandbox> sandbox;
+
+  void touch();
+};
+
+// Keeps a sandbox in use (not idle, not freed) while an exec or file operation runs.
+class SandboxLease {
+ public:
+  explicit SandboxLease(std::shared_ptr<SandboxRecord> record);
+  SandboxLease(SandboxLease&&) = default;
+  SandboxLease& operator=(SandboxLease&&) = delete;
+  SandboxLease(const SandboxLease&) = delete;
+  ~SandboxLease();
+  backends::Sandbox& sandbox() const { return *record_->sandbox; }
+  const std::string& id() const { return record_->id; }
+
+ private:
+  std::shared_ptr<SandboxRecord> record_;
+};
+
+class NodeAgent {
+ public:
+  static Result<std::unique_ptr<NodeAgent>> start(const NodeOptions& options, Metrics* metrics);
+  ~NodeAgent();
+  NodeAgent(const NodeAgent&) = delete;
+  NodeAgent& operator=(const NodeAgent&) = delete;
+
+  // Stops the reaper. With destroy_sandboxes every sandbox is destroyed; otherwise they keep running and
+  // their state files stay for the next agent. Idempotent.
+  void shutdown(bool destroy_sandboxes);
+
+  Result<nlohmann::json> create(const CreateParams& params);
+  Result<nlohmann::json> info(const std::string& id);
+  nlohmann::json list(const std::map<std::string, std::string>& labels);
+  Status destroy(const std::string& id, const std::string& reason = "request");
+  Result<nlohmann::json> pause(const std::string& id);
+  Result<nlohmann::json> resume(const std::string& id);
+  // For exec and file operations: resumes a paused sandbox and counts as activity until the lease ends.
+  Result<SandboxLease> use(const std::string& id);
+
+  nlohmann::json nodeInfo();
+  Result<nlohmann::json> layers();
+  void renderGauges(std::string* out);
+
+  const NodeOptions& options() const { return options_; }
+  Metrics& metrics() { return *metrics_; }
+  int64_t nodeMemoryBytes() const { return node_memory_bytes_; }
+  // Why the container backend cannot create sandboxes here ("" when it can).
+  const std::string& unavailableReason() const { return unavailable_reason_; }
+  std::string stateDir() const;
+  size_t sandboxCount();
+
+ private:
+  NodeAgent(const NodeOptions& options, Metrics* metrics);
+  void adoptAll();
+  void reaperLoop();
+  void reapExpired();
+  void removeEmptyCgroupParent();
+  std::shared_ptr<SandboxRecord> find(const std::string& id);
+  Status persist(SandboxRecord& record);
+  std::string statePath(const std::string& id) const;
+  nlohmann::json infoLocked(SandboxRecord& record);
+
+  NodeOptions options_;
+  Metrics* metrics_;
+  int64_t node_memory_bytes_ = 0;
+  fs3::LayerStore store_;
+  std::unique_ptr<fs3::LayerMounter> mounter_;
+  std::unique_ptr<backends::Backend> backend_;
+  std::string unavailable_reason_;
+  std::string cgroup_parent_;
+
+  std::mutex mu_;
+  std::map<std::string, std::shared_ptr<SandboxRecord>> sandboxes_;
+  int64_t pending_creates_ = 0;
+
+  std::mutex reaper_mu_;
+  std::condition_variable reaper_cv_;
+  bool stopping_ = false;
+  bool shut_down_ = false;
+  std::thread reaper_;
+};
+
+// Seconds since the epoch, and RFC 3339 UTC of such a time.
+double wallSeconds();
+std::string rfc3339(double unix_seconds);
+
+}  // namespace dsec::launcher

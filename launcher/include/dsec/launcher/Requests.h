@@ -1,0 +1,70 @@
+// Validation of everything a client sends: JSON bodies of create and exec, query values, paths. Pure logic
+// (no backend), so every rule is unit-tested; each error names the field that is wrong.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "dsec/backends/Sandbox.h"
+#include "dsec/common/Result.h"
+#include "dsec/fs3/LayerRef.h"
+
+namespace dsec::launcher {
+
+constexpr int64_t kMinMemoryBytes = 4LL << 20;
+constexpr int64_t kMinDiskBytes = 1LL << 20;
+constexpr int64_t kMinPids = 8;
+constexpr double kMaxCpus = 1024;
+constexpr double kMaxDurationSeconds = 10.0 * 365 * 24 * 3600;
+constexpr int64_t kDefaultOutputCap = 16LL << 20;
+constexpr int64_t kMaxOutputCap = 1LL << 30;
+
+struct CreateParams {
+  std::string image;  // normalised ("a:1+b:2")
+  std::vector<fs3::LayerRef> layers;
+  std::string backend = "container";
+  double cpus = 1;
+  int64_t memory_bytes = 512LL << 20;  // 0 = unlimited
+  int64_t disk_bytes = 1LL << 30;      // 0 = backend default
+  int64_t pids = 1024;                 // 0 = unlimited
+  double timeout = 0;                  // seconds, 0 = none
+  double idle_timeout = 0;
+  std::map<std::string, std::string> env;
+  std::map<std::string, std::string> labels;
+  backends::NetworkMode network = backends::NetworkMode::kNone;
+};
+
+// Parses a request body into JSON, refusing non-objects and absurd nesting (which would otherwise cost
+// recursion depth later).
+Result<nlohmann::json> parseJsonObject(std::string_view body);
+
+// node_memory_bytes bounds the memory limit (0 skips that check). Unknown backends are kInvalidArgument;
+// known but unavailable ones (fncall, microvm, vm) kUnsupported.
+Result<CreateParams> parseCreateRequest(const nlohmann::json& body, int64_t node_memory_bytes);
+
+// The exec body: cmd (string -> /bin/sh -c, or argv array), timeout, cwd, env, stdin | stdin_b64, output_cap.
+Result<backends::ExecRequest> parseExecRequest(const nlohmann::json& body);
+
+// Field helpers (exposed for tests): sizes are non-negative integers or strings like "512M".
+Result<int64_t> parseSizeField(const nlohmann::json& value, const std::string& field);
+Result<double> parseDurationField(const nlohmann::json& value, const std::string& field);
+Result<std::map<std::string, std::string>> parseEnvField(const nlohmann::json& value, const std::string& field);
+Result<std::map<std::string, std::string>> parseLabelsField(const nlohmann::json& value);
+
+// An absolute path inside a sandbox: starts with '/', no NUL, at most 4096 bytes.
+Status validateSandboxPath(std::string_view path, const std::string& field = "path");
+// Octal permission bits "0644" / "755".
+Result<uint32_t> parseFileMode(std::string_view text);
+// "k=v" selectors of ?label=...
+Result<std::map<std::string, std::string>> parseLabelSelectors(const std::vector<std::string>& values);
+bool labelsMatch(const std::map<std::string, std::string>& labels, const std::map<std::string, std::string>& want);
+
+Result<std::string> base64Decode(std::string_view text);
+// Constant-time comparison for the bearer token.
+bool constantTimeEquals(std::string_view a, std::string_view b);
+
+}  // namespace dsec::launcher

@@ -1,0 +1,61 @@
+// Maps (method, target) to an API operation. Pure logic: unknown paths are 404, known paths with the wrong
+// method 405 (with the allowed methods), malformed query strings 400.
+#pragma once
+
+#include <boost/beast/http/verb.hpp>
+#include <map>
+#include <ostream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace dsec::launcher {
+
+enum class Op {
+  kHealthz,
+  kMetrics,
+  kNodeInfo,
+  kListLayers,
+  kListSandboxes,
+  kCreateSandbox,
+  kGetSandbox,
+  kDestroySandbox,
+  kPause,
+  kResume,
+  kExec,
+  kExecStream,
+  kReadFile,
+  kWriteFile,
+  kRemoveFile,
+  kListDir,
+  kStatFile,
+  kGetTar,
+  kPutTar,
+};
+
+struct QueryParams {
+  std::multimap<std::string, std::string> values;
+  // The last value of a key, or fallback.
+  std::string get(const std::string& key, const std::string& fallback = "") const;
+  bool has(const std::string& key) const { return values.count(key) > 0; }
+  std::vector<std::string> all(const std::string& key) const;
+};
+
+struct RouteMatch {
+  int error_status = 0;  // 0 when matched; else 400/404/405
+  std::string error;     // message for the error
+  std::string allow;     // for 405: "GET, POST"
+  Op op = Op::kHealthz;
+  std::string sandbox_id;
+  QueryParams query;
+};
+
+RouteMatch matchRoute(boost::beast::http::verb method, std::string_view target);
+// Percent-decoding of a query component ('+' is a space); false on a malformed escape.
+bool percentDecode(std::string_view in, std::string* out);
+// How a route's request body is read.
+enum class BodyKind { kNone, kJson, kStream };
+BodyKind bodyKind(Op op);
+const char* opName(Op op);
+
+}  // namespace dsec::launcher

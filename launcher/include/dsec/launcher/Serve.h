@@ -1,0 +1,40 @@
+// The embedded single-node fleet: a node agent plus the HTTP API in one process (`dsec serve`).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "dsec/common/Result.h"
+
+namespace dsec::launcher {
+
+struct ServeOptions {
+  std::string root = "/var/lib/dsec";     // layer store, state dir, token
+  std::string listen = "127.0.0.1:8470";  // ADDR:PORT; port 0 picks a free one
+  std::string fleet_name = "default";     // fleet file ~/.dsec/fleets/<fleet_name>.json
+  std::string node_name = "n0";           // prefix of sandbox ids
+  bool write_fleet_file = true;
+  int max_connections = 1024;    // concurrent HTTP connections; more get 503
+  int64_t max_sandboxes = 4096;  // admission limit for this node; more get 429 capacity
+  // Parent of the sandboxes' cgroups. Empty: "dsec" for the default root, else "dsec-<hash of root>", so
+  // nodes with different roots on one host (tests, several fleets) never reap each other's sandboxes.
+  std::string cgroup_parent;
+};
+
+// A running node: agent + API server on background threads. stop() (or the destructor) stops serving; the
+// sandboxes keep running (a restarted node re-adopts them) unless destroySandboxes is true.
+class EmbeddedNode {
+ public:
+  static Result<std::unique_ptr<EmbeddedNode>> start(const ServeOptions& options);
+  virtual ~EmbeddedNode() = default;
+  virtual std::string endpoint() const = 0;  // "http://127.0.0.1:PORT"
+  virtual std::string token() const = 0;
+  virtual void stop(bool destroy_sandboxes) = 0;
+};
+
+// `dsec serve`: runs until SIGINT or SIGTERM, then stops serving and leaves sandboxes running (so a restart
+// re-adopts them). Returns an error if it cannot start (port taken, root unusable, ...).
+Status serveUntilSignal(const ServeOptions& options);
+
+}  // namespace dsec::launcher

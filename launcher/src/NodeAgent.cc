@@ -1,0 +1,647 @@
+#include "dsec/launcher/NodeAgent.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <set>
+
+#include "dsec/backends/container/ContainerBackend.h"
+#include "dsec/common/Logging.h"
+#include "dsec/common/Strings.h"
+
+namespace dsec::launcher {
+namespace {
+
+using nlohmann::json;
+
+constexpr const char* kLog = "node";
+
+const char* networkName(backends::NetworkMode mode) { return mode == backends::NetworkMode::kHost ? "host" : "none"; }
+
+json paramsToJson(const CreateParams& p) {
+  return json{{"image", p.image},
+              {"backend", p.backend},
+              {"cpus", p.cpus},
+              {"memory", p.memory_bytes},
+              {"disk", p.disk_bytes},
+              {"pids", p.pids},
+              {"timeout", p.timeout},
+              {"idle_timeout", p.idle_timeout},
+              {"network", networkName(p.network)},
+              {"env", p.env},
+              {"labels", p.labels}};
+}
+
+// The inverse of paramsToJson for a state file written by an earlier agent (trusted, but still checked).
+Result<CreateParams> paramsFromState(const json& j) {
+  CreateParams p;
+  try {
+    p.image = j.at("image").get<std::string>();
+    auto layers = fs3::parseImageRef(p.image);
+    if (!layers.ok()) return layers.error();
+    p.layers = *layers;
+    p.backend = j.value("backend", "container");
+    p.cpus = j.value("cpus", 0.0);
+    p.memory_bytes = j.value("memory", int64_t{0});
+    p.disk_bytes = j.value("disk", int64_t{0});
+    p.pids = j.value("pids", int64_t{0});
+    p.timeout = j.value("timeout", 0.0);
+    p.idle_timeout = j.value("idle_timeout", 0.0);
+    p.network = j.value("network", "none") == "host" ? backends::NetworkMode::kHost : backends::NetworkMode::kNone;
+    p.env = j.value("env", std::map<std::string, std::string>{});
+    p.labels = j.value("labels", std::map<std::string, std::string>{});
+  } catch (const json::exception& e) {
+    return Error::invalid(std::string("bad state file: ") + e.what());
+  }
+  return p;
+}
+
+// temp file + rename, without fsync: the rename protects against an agent crash, and a state file only
+// matters while its sandbox lives, which no power loss survives. fsync would cost every create milliseconds.
+Status writeStateFile(const std::string& path, const std::string& text) {
+  std::string tmp = path + ".tmp-" + randomHex(8);
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) return Error::sys(errno, "open " + tmp);
+  size_t off = 0;
+  while (off < text.size()) {
+    ssize_t n = ::write(fd, text.data() + off, text.size() - off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      int err = n < 0 ? errno : EIO;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      return Error::sys(err, "write " + tmp);
+    }
+    off += static_cast<size_t>(n);
+  }
+  ::close(fd);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    int err = errno;
+    ::unlink(tmp.c_str());
+    return Error::sys(err, "rename " + tmp);
+  }
+  return okStatus();
+}
+
+int64_t physicalMemory() {
+  long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? int64_t{pages} * page : 0;
+}
+
+}  // namespace
+
+std::string cgroupParentForRoot(const std::string& root) {
+  char resolved[PATH_MAX];
+  std::string path = ::realpath(root.c_str(), resolved) ? std::string(resolved) : root;
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  if (path == "/var/lib/dsec") return "dsec";
+  uint64_t h = 1469598103934665603ULL;  // FNV-1a: stable across builds and runs
+  for (unsigned char c : path) {
+    h ^= c;
+    h *= 1099511628211ULL;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "dsec-%08x", static_cast<unsigned>(h ^ (h >> 32)));
+  return buf;
+}
+
+double wallSeconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+std::string rfc3339(double unix_seconds) {
+  time_t t = static_cast<time_t>(unix_seconds);
+  struct tm tm;
+  gmtime_r(&t, &tm);
+  char buf[32];
+  strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+void SandboxRecord::touch() {
+  last_active_unix.store(wallSeconds());
+  last_active_mono.store(monotonicSeconds());
+}
+
+SandboxLease::SandboxLease(std::shared_ptr<SandboxRecord> record) : record_(std::move(record)) {}
+
+SandboxLease::~SandboxLease() {
+  if (!record_) return;
+  record_->touch();
+  record_->active.fetch_sub(1);
+}
+
+NodeAgent::NodeAgent(const NodeOptions& options, Metrics* metrics)
+    : options_(options), metrics_(metrics), store_(options.root) {}
+
+Result<std::unique_ptr<NodeAgent>> NodeAgent::start(const NodeOptions& options, Metrics* metrics) {
+  std::unique_ptr<NodeAgent> agent(new NodeAgent(options, metrics));
+  agent->node_memory_bytes_ = physicalMemory();
+  auto made = makeDirs(agent->stateDir(), 0700);
+  if (!made.ok()) return made.error().wrap("creating the state directory");
+  agent->mounter_ = std::make_unique<fs3::LayerMounter>(&agent->store_);
+
+  backends::ContainerBackendOptions backend_options;
+  backend_options.cgroup_parent =
+      options.cgroup_parent.empty() ? cgroupParentForRoot(options.root) : options.cgroup_parent;
+  agent->cgroup_parent_ = backend_options.cgroup_parent;
+  auto backend = backends::makeContainerBackend(backend_options);
+  if (!backend.ok()) {
+    agent->unavailable_reason_ = "container backend unavailable: " + backend.error().message();
+  } else {
+    auto missing = (*backend)->missingFeatures();
+    if (!missing.empty()) {
+      std::string reason = "container backend unavailable, host lacks:";
+      for (const auto& m : missing) reason += " " + m + ";";
+      reason.pop_back();
+      agent->unavailable_reason_ = reason;
+    }
+    agent->backend_ = std::move(*backend);
+  }
+  if (!agent->unavailable_reason_.empty()) {
+    DSEC_LOG(kWarn, kLog) << agent->unavailable_reason_ << " (creates will get 501)";
+  }
+  if (agent->backend_) agent->adoptAll();
+  agent->reaper_ = std::thread([a = agent.get()] { a->reaperLoop(); });
+  return agent;
+}
+
+NodeAgent::~NodeAgent() { shutdown(false); }
+
+void NodeAgent::shutdown(bool destroy_sandboxes) {
+  {
+    std::lock_guard lock(reaper_mu_);
+    if (shut_down_) return;
+    shut_down_ = true;
+    stopping_ = true;
+  }
+  reaper_cv_.notify_all();
+  if (reaper_.joinable()) reaper_.join();
+  std::vector<std::string> ids;
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& [id, rec] : sandboxes_) ids.push_back(id);
+  }
+  if (destroy_sandboxes) {
+    for (const auto& id : ids) (void)destroy(id, "node shutdown");
+  } else if (!ids.empty()) {
+    DSEC_LOG(kInfo, kLog) << "leaving " << ids.size() << " sandbox(es) running for the next agent";
+  }
+  bool none_left = false;
+  {
+    std::lock_guard lock(mu_);
+    none_left = sandboxes_.empty();
+    sandboxes_.clear();
+  }
+  if (none_left) removeEmptyCgroupParent();
+}
+
+void NodeAgent::removeEmptyCgroupParent() {
+  // The backend creates <hierarchy>/<parent> on demand; with no sandbox left it is an empty directory per
+  // hierarchy. rmdir only succeeds on an empty cgroup, so a sandbox of another agent is never touched.
+  const std::string& parent = cgroup_parent_;
+  if (parent.empty() || parent.find('/') != std::string::npos) return;
+  (void)::rmdir(("/sys/fs/cgroup/" + parent).c_str());
+  DIR* dir = opendir("/sys/fs/cgroup");
+  if (!dir) return;
+  while (auto* ent = readdir(dir)) {
+    if (ent->d_name[0] == '.') continue;
+    (void)::rmdir(("/sys/fs/cgroup/" + std::string(ent->d_name) + "/" + parent).c_str());
+  }
+  closedir(dir);
+}
+
+std::string NodeAgent::stateDir() const { return options_.root + "/state/sandboxes"; }
+std::string NodeAgent::statePath(const std::string& id) const { return stateDir() + "/" + id + ".json"; }
+
+size_t NodeAgent::sandboxCount() {
+  std::lock_guard lock(mu_);
+  return sandboxes_.size();
+}
+
+std::shared_ptr<SandboxRecord> NodeAgent::find(const std::string& id) {
+  std::lock_guard lock(mu_);
+  auto it = sandboxes_.find(id);
+  return it == sandboxes_.end() ? nullptr : it->second;
+}
+
+Status NodeAgent::persist(SandboxRecord& rec) {
+  json state = paramsToJson(rec.params);
+  state["id"] = rec.id;
+  state["created_unix"] = rec.created_unix;
+  state["paused"] = rec.sandbox->state() == backends::SandboxState::kPaused;
+  state["backend_state"] = rec.sandbox->persistentState();
+  return writeStateFile(statePath(rec.id), state.dump());
+}
+
+Result<json> NodeAgent::create(const CreateParams& params) {
+  double t0 = monotonicSeconds();
+  if (!backend_ || !unavailable_reason_.empty()) {
+    metrics_->create_failures_total++;
+    return Error(ErrorCode::kUnsupported, unavailable_reason_);
+  }
+  {
+    std::lock_guard lock(mu_);
+    if (static_cast<int64_t>(sandboxes_.size()) + pending_creates_ >= options_.max_sandboxes) {
+      metrics_->create_failures_total++;
+      return Error(ErrorCode::kResourceExhausted, "node " + options_.node_name + " is full (" +
+                                                      std::to_string(options_.max_sandboxes) + " sandboxes)");
+    }
+    ++pending_creates_;
+  }
+  struct PendingGuard {
+    NodeAgent* agent;
+    ~PendingGuard() {
+      std::lock_guard lock(agent->mu_);
+      --agent->pending_creates_;
+    }
+  } pending_guard{this};
+  auto fail = [this](const Error& e) -> Error {
+    metrics_->create_failures_total++;
+    return e;
+  };
+
+  if (auto st = store_.checkImage(params.layers); !st.ok()) return fail(st.error());
+  auto rec = std::make_shared<SandboxRecord>();
+  rec->id = options_.node_name + "-" + randomHex(16);
+  rec->params = params;
+  rec->created_unix = wallSeconds();
+  rec->touch();
+
+  auto mount = mounter_->acquire(params.layers);
+  if (!mount.ok()) return fail(mount.error().wrap("mounting image " + params.image));
+  rec->mount = std::move(*mount);
+
+  backends::SandboxSpec spec;
+  spec.id = rec->id;
+  spec.image = params.image;
+  spec.lower_dirs = rec->mount->dirs();
+  spec.memory_bytes = params.memory_bytes;
+  spec.cpus = params.cpus;
+  spec.pids = params.pids;
+  spec.disk_bytes = params.disk_bytes;
+  spec.env = params.env;
+  spec.network = params.network;
+  auto sandbox = backend_->create(spec);
+  if (!sandbox.ok()) {
+    DSEC_LOG(kWarn, kLog) << "create " << rec->id << " failed: " << sandbox.error().toString();
+    return fail(sandbox.error().wrap("creating sandbox " + rec->id));
+  }
+  rec->sandbox = std::move(*sandbox);
+  if (auto st = persist(*rec); !st.ok()) {
+    (void)rec->sandbox->destroy();
+    return fail(st.error().wrap("persisting sandbox state"));
+  }
+  json info;
+  {
+    std::lock_guard rec_lock(rec->mu);
+    info = infoLocked(*rec);
+  }
+  {
+    std::lock_guard lock(mu_);
+    sandboxes_[rec->id] = rec;
+  }
+  double elapsed = monotonicSeconds() - t0;
+  metrics_->creates_total++;
+  metrics_->create_seconds.observe(elapsed);
+  DSEC_LOG(kDebug, kLog) << "created " << rec->id << " (" << params.image << ") in " << elapsed * 1000 << " ms";
+  return info;
+}
+
+json NodeAgent::infoLocked(SandboxRecord& rec) {
+  const CreateParams& p = rec.params;
+  json j = paramsToJson(p);
+  j["id"] = rec.id;
+  j["node"] = options_.node_name;
+  j["state"] = backends::sandboxStateName(rec.sandbox->state());
+  j["created"] = rfc3339(rec.created_unix);
+  j["created_unix"] = rec.created_unix;
+  j["last_active_unix"] = rec.last_active_unix.load();
+  json usage = {{"memory_bytes", 0}, {"pids", 0}, {"cpu_usec", 0}, {"oom_kills", 0}};
+  if (auto u = rec.sandbox->usage(); u.ok()) {
+    usage = {
+        {"memory_bytes", u->memory_bytes}, {"pids", u->pids}, {"cpu_usec", u->cpu_usec}, {"oom_kills", u->oom_kills}};
+  }
+  j["usage"] = usage;
+  return j;
+}
+
+Result<json> NodeAgent::info(const std::string& id) {
+  auto rec = find(id);
+  if (!rec) return Error::notFound("no sandbox " + id);
+  std::lock_guard lock(rec->mu);
+  if (rec->destroyed) return Error::notFound("no sandbox " + id);
+  return infoLocked(*rec);
+}
+
+json NodeAgent::list(const std::map<std::string, std::string>& labels) {
+  std::vector<std::shared_ptr<SandboxRecord>> recs;
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& [id, rec] : sandboxes_) {
+      if (labelsMatch(rec->params.labels, labels)) recs.push_back(rec);
+    }
+  }
+  json out = json::array();
+  for (const auto& rec : recs) {
+    std::lock_guard lock(rec->mu);
+    if (!rec->destroyed) out.push_back(infoLocked(*rec));
+  }
+  return json{{"sandboxes", out}};
+}
+
+Status NodeAgent::destroy(const std::string& id, const std::string& reason) {
+  auto rec = find(id);
+  if (!rec) return Error::notFound("no sandbox " + id);
+  {
+    std::lock_guard lock(rec->mu);
+    if (rec->destroyed) return Error::notFound("no sandbox " + id);
+    // Execs in flight are killed with the sandbox; their leases keep the record (not the sandbox) alive.
+    if (auto st = rec->sandbox->destroy(); !st.ok()) {
+      DSEC_LOG(kError, kLog) << "destroy " << id << " failed: " << st.error().toString();
+      return st.error().wrap("destroying sandbox " + id);
+    }
+    rec->destroyed = true;
+    rec->mount.reset();
+  }
+  {
+    std::lock_guard lock(mu_);
+    sandboxes_.erase(id);
+  }
+  if (::unlink(statePath(id).c_str()) != 0 && errno != ENOENT) {
+    DSEC_LOG(kWarn, kLog) << "removing state of " << id << ": " << strerror(errno);
+  }
+  metrics_->destroys_total++;
+  if (reason == "request") {
+    DSEC_LOG(kDebug, kLog) << "destroyed " << id;
+  } else {
+    DSEC_LOG(kInfo, kLog) << "destroyed " << id << " (" << reason << ")";
+  }
+  return okStatus();
+}
+
+Result<json> NodeAgent::pause(const std::string& id) {
+  auto rec = find(id);
+  if (!rec) return Error::notFound("no sandbox " + id);
+  std::lock_guard lock(rec->mu);
+  if (rec->destroyed) return Error::notFound("no sandbox " + id);
+  if (rec->sandbox->state() != backends::SandboxState::kPaused) {
+    DSEC_TRY(rec->sandbox->pause());
+    if (auto st = persist(*rec); !st.ok())
+      DSEC_LOG(kWarn, kLog) << "persisting " << id << ": " << st.error().toString();
+  }
+  return infoLocked(*rec);
+}
+
+Result<json> NodeAgent::resume(const std::string& id) {
+  auto rec = find(id);
+  if (!rec) return Error::notFound("no sandbox " + id);
+  std::lock_guard lock(rec->mu);
+  if (rec->destroyed) return Error::notFound("no sandbox " + id);
+  if (rec->sandbox->state() == backends::SandboxState::kPaused) {
+    DSEC_TRY(rec->sandbox->resume());
+    if (auto st = persist(*rec); !st.ok())
+      DSEC_LOG(kWarn, kLog) << "persisting " << id << ": " << st.error().toString();
+  }
+  rec->touch();
+  return infoLocked(*rec);
+}
+
+Result<SandboxLease> NodeAgent::use(const std::string& id) {
+  auto rec = find(id);
+  if (!rec) return Error::notFound("no sandbox " + id);
+  std::lock_guard lock(rec->mu);
+  if (rec->destroyed) return Error::notFound("no sandbox " + id);
+  auto state = rec->sandbox->state();
+  if (state == backends::SandboxState::kPaused) {
+    DSEC_TRY(rec->sandbox->resume());
+    if (auto st = persist(*rec); !st.ok())
+      DSEC_LOG(kWarn, kLog) << "persisting " << id << ": " << st.error().toString();
+  } else if (state == backends::SandboxState::kStopped) {
+    return Error(ErrorCode::kConflict, "sandbox " + id + " has stopped (its init exited)");
+  }
+  rec->active.fetch_add(1);
+  rec->touch();
+  return SandboxLease(rec);
+}
+
+void NodeAgent::adoptAll() {
+  DIR* dir = opendir(stateDir().c_str());
+  if (!dir) return;
+  std::vector<std::string> files;
+  while (auto* ent = readdir(dir)) {
+    std::string name = ent->d_name;
+    if (name.find(".tmp-") != std::string::npos) {
+      ::unlinkat(dirfd(dir), name.c_str(), 0);  // a write cut short by a crash
+    } else if (name.size() > 5 && name.compare(name.size() - 5, 5, ".json") == 0) {
+      files.push_back(name);
+    }
+  }
+  closedir(dir);
+  int adopted = 0, reaped = 0;
+  for (const auto& name : files) {
+    std::string path = stateDir() + "/" + name;
+    std::string id = name.substr(0, name.size() - 5);
+    auto text = readFile(path);
+    json state;
+    if (text.ok()) {
+      state = json::parse(*text, nullptr, false);
+    }
+    if (!text.ok() || state.is_discarded() || !state.is_object()) {
+      DSEC_LOG(kWarn, kLog) << "unreadable state file " << path << ", removing it";
+      ::unlink(path.c_str());
+      continue;
+    }
+    json backend_state = state.value("backend_state", json::object());
+    auto params = paramsFromState(state);
+    std::string why;
+    std::unique_ptr<fs3::ImageMount> mount;
+    std::unique_ptr<backends::Sandbox> sandbox;
+    if (!params.ok()) {
+      why = params.error().message();
+    } else if (state.value("id", "") != id) {
+      why = "state file names a different id";
+    } else {
+      auto m = mounter_->acquire(params->layers);
+      if (!m.ok()) {
+        why = m.error().toString();
+      } else {
+        mount = std::move(*m);
+        auto sb = backend_->adopt(backend_state);
+        if (!sb.ok()) {
+          why = sb.error().toString();
+        } else {
+          sandbox = std::move(*sb);
+        }
+      }
+    }
+    if (!sandbox) {
+      DSEC_LOG(kInfo, kLog) << "cannot adopt " << id << " (" << why << "), reaping it";
+      if (auto st = backend_->reap(backend_state); !st.ok()) {
+        DSEC_LOG(kWarn, kLog) << "reaping " << id << ": " << st.error().toString();
+      }
+      ::unlink(path.c_str());
+      ++reaped;
+      continue;
+    }
+    auto rec = std::make_shared<SandboxRecord>();
+    rec->id = id;
+    rec->params = std::move(*params);
+    rec->created_unix = state.value("created_unix", wallSeconds());
+    rec->touch();
+    rec->mount = std::move(mount);
+    rec->sandbox = std::move(sandbox);
+    {
+      std::lock_guard lock(mu_);
+      sandboxes_[id] = rec;
+    }
+    ++adopted;
+  }
+  std::set<std::string> known;
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& [id, rec] : sandboxes_) known.insert(id);
+  }
+  if (auto leftovers = backend_->listLeftovers(); leftovers.ok()) {
+    for (const auto& id : *leftovers) {
+      if (known.count(id)) continue;
+      DSEC_LOG(kInfo, kLog) << "reaping leftover sandbox " << id;
+      if (auto st = backend_->reapLeftover(id); !st.ok()) {
+        DSEC_LOG(kWarn, kLog) << "reaping leftover " << id << ": " << st.error().toString();
+      }
+      ++reaped;
+    }
+  } else {
+    DSEC_LOG(kWarn, kLog) << "listing leftovers: " << leftovers.error().toString();
+  }
+  if (auto st = mounter_->unmountUnused(); !st.ok()) {
+    DSEC_LOG(kWarn, kLog) << "unmounting unused layers: " << st.error().toString();
+  }
+  if (adopted || reaped) DSEC_LOG(kInfo, kLog) << "re-adopted " << adopted << " sandbox(es), reaped " << reaped;
+}
+
+void NodeAgent::reaperLoop() {
+  std::unique_lock lock(reaper_mu_);
+  while (!stopping_) {
+    reaper_cv_.wait_for(lock, std::chrono::duration<double>(options_.reaper_interval_seconds));
+    if (stopping_) break;
+    lock.unlock();
+    reapExpired();
+    lock.lock();
+  }
+}
+
+void NodeAgent::reapExpired() {
+  std::vector<std::shared_ptr<SandboxRecord>> recs;
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& [id, rec] : sandboxes_) recs.push_back(rec);
+  }
+  double now_wall = wallSeconds(), now_mono = monotonicSeconds();
+  for (const auto& rec : recs) {
+    std::string reason;
+    if (rec->params.timeout > 0 && now_wall - rec->created_unix >= rec->params.timeout) {
+      reason = "timeout of " + std::to_string(rec->params.timeout) + " s reached";
+    } else if (rec->params.idle_timeout > 0 && rec->active.load() == 0 &&
+               now_mono - rec->last_active_mono.load() >= rec->params.idle_timeout) {
+      reason = "idle for " + std::to_string(rec->params.idle_timeout) + " s";
+    }
+    if (reason.empty()) continue;
+    if (destroy(rec->id, reason).ok()) metrics_->reaped_total++;
+  }
+}
+
+json NodeAgent::nodeInfo() {
+  json unavailable = json::object();
+  json backends = json::array();
+  if (unavailable_reason_.empty()) {
+    backends.push_back("container");
+  } else {
+    unavailable["container"] = unavailable_reason_;
+  }
+  for (const char* b : {"fncall", "microvm", "vm"}) unavailable[b] = "not available on this node yet";
+  int64_t committed = 0;
+  size_t count = 0;
+  {
+    std::lock_guard lock(mu_);
+    count = sandboxes_.size();
+    for (const auto& [id, rec] : sandboxes_) committed += rec->params.memory_bytes;
+  }
+  return json{{"node", options_.node_name},
+              {"fleet", options_.fleet_name},
+              {"backends", backends},
+              {"unavailable_backends", unavailable},
+              {"capacity",
+               {{"max_sandboxes", options_.max_sandboxes},
+                {"free_sandboxes", std::max<int64_t>(0, options_.max_sandboxes - static_cast<int64_t>(count))},
+                {"memory_bytes", node_memory_bytes_},
+                {"memory_committed_bytes", committed},
+                {"cpus", static_cast<int64_t>(sysconf(_SC_NPROCESSORS_ONLN))}}},
+              {"sandboxes", count}};
+}
+
+Result<json> NodeAgent::layers() {
+  DSEC_ASSIGN_OR_RETURN(auto manifests, store_.list());
+  json out = json::array();
+  for (const auto& m : manifests) {
+    out.push_back({{"name", m.ref.name},
+                   {"version", m.ref.version},
+                   {"sha256", m.sha256},
+                   {"size", m.size},
+                   {"created", m.created},
+                   {"built_on", m.built_on},
+                   {"source", m.source},
+                   {"mounted", mounter_->isMounted(m.ref)},
+                   {"refs", mounter_->refCount(m.ref)}});
+  }
+  return json{{"layers", out}};
+}
+
+void NodeAgent::renderGauges(std::string* out) {
+  int64_t running = 0, paused = 0, stopped = 0, committed = 0;
+  std::vector<std::shared_ptr<SandboxRecord>> recs;
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& [id, rec] : sandboxes_) recs.push_back(rec);
+  }
+  for (const auto& rec : recs) {
+    std::lock_guard lock(rec->mu);
+    if (rec->destroyed) continue;
+    committed += rec->params.memory_bytes;
+    switch (rec->sandbox->state()) {
+      case backends::SandboxState::kRunning:
+        ++running;
+        break;
+      case backends::SandboxState::kPaused:
+        ++paused;
+        break;
+      case backends::SandboxState::kStopped:
+        ++stopped;
+        break;
+    }
+  }
+  int64_t mounts = 0;
+  if (auto manifests = store_.list(); manifests.ok()) {
+    for (const auto& m : *manifests) mounts += mounter_->isMounted(m.ref) ? 1 : 0;
+  }
+  *out += "# HELP dsec_sandboxes Live sandboxes by state.\n# TYPE dsec_sandboxes gauge\n";
+  *out += "dsec_sandboxes{state=\"running\"} " + std::to_string(running) + "\n";
+  *out += "dsec_sandboxes{state=\"paused\"} " + std::to_string(paused) + "\n";
+  *out += "dsec_sandboxes{state=\"stopped\"} " + std::to_string(stopped) + "\n";
+  *out += "# HELP dsec_layer_mounts Layers mounted on this node.\n# TYPE dsec_layer_mounts gauge\n";
+  *out += "dsec_layer_mounts " + std::to_string(mounts) + "\n";
+  *out +=
+      "# HELP dsec_node_memory_committed_bytes Sum of live sandboxes' memory limits.\n"
+      "# TYPE dsec_node_memory_committed_bytes gauge\n";
+  *out += "dsec_node_memory_committed_bytes " + std::to_string(committed) + "\n";
+  *out += "# HELP dsec_node_memory_bytes Physical memory of the node.\n# TYPE dsec_node_memory_bytes gauge\n";
+  *out += "dsec_node_memory_bytes " + std::to_string(node_memory_bytes_) + "\n";
+}
+
+}  // namespace dsec::launcher

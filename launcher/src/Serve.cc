@@ -1,0 +1,170 @@
+#include "dsec/launcher/Serve.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <mutex>
+
+#include "dsec/common/Logging.h"
+#include "dsec/common/Strings.h"
+#include "dsec/launcher/ApiServer.h"
+#include "dsec/launcher/Credentials.h"
+#include "dsec/launcher/HttpServer.h"
+#include "dsec/launcher/Metrics.h"
+#include "dsec/launcher/NodeAgent.h"
+
+namespace dsec::launcher {
+namespace {
+
+constexpr const char* kLog = "serve";
+
+void noopSignal(int) {}
+
+// A caught (not ignored) SIGPIPE: writes to a closed pipe or socket return EPIPE instead of killing the
+// node, and, unlike SIG_IGN, the disposition resets to default in every program the backend execs.
+void installSigpipeHandler() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction sa {};
+    sa.sa_handler = noopSignal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGPIPE, &sa, nullptr);
+  });
+}
+
+Status validateNodeName(const std::string& name) {
+  if (name.empty() || name.size() > 32 ||
+      name.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789-") != std::string::npos || name[0] == '-') {
+    return Error::invalid("node name '" + name + "': use 1-32 of [a-z0-9-], not starting with '-'");
+  }
+  return okStatus();
+}
+
+class EmbeddedNodeImpl : public EmbeddedNode {
+ public:
+  explicit EmbeddedNodeImpl(const ServeOptions& options) : options_(options) {}
+  ~EmbeddedNodeImpl() override { stop(false); }
+
+  Status init() {
+    installSigpipeHandler();
+    DSEC_TRY(validateNodeName(options_.node_name));
+    if (options_.write_fleet_file) DSEC_TRY(validateFleetName(options_.fleet_name));
+    if (options_.max_sandboxes <= 0) return Error::invalid("max_sandboxes must be positive");
+    if (options_.max_connections <= 0) return Error::invalid("max_connections must be positive");
+    if (auto st = makeDirs(options_.root, 0755); !st.ok()) return st.error().wrap("creating root " + options_.root);
+    DSEC_ASSIGN_OR_RETURN(token_, loadOrCreateToken(options_.root));
+    NodeOptions node_options;
+    node_options.root = options_.root;
+    node_options.node_name = options_.node_name;
+    node_options.fleet_name = options_.fleet_name;
+    node_options.max_sandboxes = options_.max_sandboxes;
+    node_options.cgroup_parent = options_.cgroup_parent;
+    DSEC_ASSIGN_OR_RETURN(agent_, NodeAgent::start(node_options, &metrics_));
+    metrics_.setGaugeRenderer([agent = agent_.get()](std::string* out) { agent->renderGauges(out); });
+    api_ = std::make_unique<ApiServer>(agent_.get(), token_);
+    HttpServerOptions http_options;
+    http_options.listen = options_.listen;
+    http_options.max_connections = options_.max_connections;
+    auto server = HttpServer::start(http_options, api_.get());
+    if (!server.ok()) {
+      agent_->shutdown(false);
+      return server.error();
+    }
+    http_ = std::move(*server);
+    if (options_.write_fleet_file) {
+      auto st = writeFleetFile(options_.fleet_name, http_->endpoint(), token_, options_.node_name, options_.root);
+      if (!st.ok()) {
+        http_->stop();
+        agent_->shutdown(false);
+        return st.error().wrap("writing the fleet file");
+      }
+    }
+    DSEC_LOG(kInfo, kLog) << "node " << options_.node_name << " of fleet " << options_.fleet_name << " serving on "
+                          << http_->endpoint() << " (root " << options_.root << ")";
+    return okStatus();
+  }
+
+  std::string endpoint() const override { return http_ ? http_->endpoint() : ""; }
+  std::string token() const override { return token_; }
+
+  void stop(bool destroy_sandboxes) override {
+    std::lock_guard lock(stop_mu_);
+    if (stopped_) return;
+    stopped_ = true;
+    std::string endpoint = this->endpoint();
+    if (http_) http_->stop();
+    if (agent_) agent_->shutdown(destroy_sandboxes);
+    metrics_.setGaugeRenderer(nullptr);
+    if (options_.write_fleet_file && !endpoint.empty()) removeFleetFileIfOurs(options_.fleet_name, endpoint);
+    DSEC_LOG(kInfo, kLog) << "node " << options_.node_name << " stopped"
+                          << (destroy_sandboxes ? " (sandboxes destroyed)" : " (sandboxes left for re-adoption)");
+  }
+
+ private:
+  ServeOptions options_;
+  Metrics metrics_;
+  std::string token_;
+  std::unique_ptr<NodeAgent> agent_;
+  std::unique_ptr<ApiServer> api_;
+  std::unique_ptr<HttpServer> http_;
+  std::mutex stop_mu_;
+  bool stopped_ = false;
+};
+
+int g_signal_pipe[2] = {-1, -1};
+
+void onStopSignal(int sig) {
+  int saved = errno;
+  char c = static_cast<char>(sig);
+  (void)!::write(g_signal_pipe[1], &c, 1);
+  errno = saved;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<EmbeddedNode>> EmbeddedNode::start(const ServeOptions& options) {
+  auto node = std::make_unique<EmbeddedNodeImpl>(options);
+  DSEC_TRY(node->init());
+  return std::unique_ptr<EmbeddedNode>(std::move(node));
+}
+
+Status serveUntilSignal(const ServeOptions& options) {
+  // A self-pipe written by a handler rather than sigwait() with the signals blocked: a blocked mask would be
+  // inherited by every sandbox process the backend forks, while handlers reset to default at exec.
+  if (g_signal_pipe[0] < 0 && ::pipe2(g_signal_pipe, O_CLOEXEC | O_NONBLOCK) != 0) return Error::sys(errno, "pipe2");
+  struct sigaction sa {
+  }, old_int{}, old_term{};
+  sa.sa_handler = onStopSignal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  sigaction(SIGINT, &sa, &old_int);
+  sigaction(SIGTERM, &sa, &old_term);
+  auto restore = [&] {
+    sigaction(SIGINT, &old_int, nullptr);
+    sigaction(SIGTERM, &old_term, nullptr);
+  };
+  auto node = EmbeddedNode::start(options);
+  if (!node.ok()) {
+    restore();
+    return node.error();
+  }
+  char sig = 0;
+  for (;;) {
+    struct pollfd pfd = {g_signal_pipe[0], POLLIN, 0};
+    int n = ::poll(&pfd, 1, -1);
+    if (n < 0 && errno == EINTR) continue;
+    if (n > 0 && ::read(g_signal_pipe[0], &sig, 1) == 1) break;
+  }
+  DSEC_LOG(kInfo, kLog) << "got " << strsignal(sig) << ", stopping (sandboxes keep running)";
+  // A second signal while stopping falls back to the default action, so an operator can still force it.
+  restore();
+  (*node)->stop(false);
+  return okStatus();
+}
+
+}  // namespace dsec::launcher

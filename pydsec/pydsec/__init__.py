@@ -1,0 +1,29 @@
+"""pydsec: the Python SDK of dsec (standard library only).
+
+    import pydsec
+
+    client = pydsec.Client()                      # DSEC_ENDPOINT/DSEC_TOKEN, else ~/.dsec/fleets/default.json
+    with client.create(image="debian:12+python:3.11", memory="512M") as sb:
+        r = sb.exec("python3 -c 'print(6*7)'", timeout=10)
+        print(r.exit_code, r.stdout)
+
+The asyncio flavour with the same names is :mod:`pydsec.aio`.
+
+Errors derive from :class:`DsecError` (``.code``, ``.status``, ``.message``). The timeout and connection errors
+are called :class:`DsecTimeoutError` and :class:`DsecConnectionError` so that they do not shadow the builtins;
+they also derive from the builtin ``TimeoutError`` and ``ConnectionError``.
+"""
+
+from .client import Client, ExecStream, Sandbox
+from .errors import (AuthError, CapacityError, ConflictError, DsecConnectionError, DsecError, DsecTimeoutError,
+                     InvalidRequestError, NotFoundError, ServerError, TooLargeError, UnsupportedError)
+from ._tar import UnsafeArchiveError
+from .results import ExecResult
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Client", "Sandbox", "ExecStream", "ExecResult", "DsecError", "InvalidRequestError", "TooLargeError",
+    "AuthError", "NotFoundError", "ConflictError", "CapacityError", "UnsupportedError", "DsecTimeoutError",
+    "ServerError", "DsecConnectionError", "UnsafeArchiveError", "__version__",
+]

@@ -1,0 +1,79 @@
+"""Finding the fleet: explicit arguments, then DSEC_ENDPOINT/DSEC_TOKEN, then ~/.dsec/fleets/<fleet>.json."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Optional
+from urllib.parse import urlsplit
+
+from .errors import DsecError, InvalidRequestError
+
+
+@dataclass(frozen=True)
+class FleetConfig:
+    endpoint: str
+    token: str
+    fleet: str
+    source: str  # where the values came from, for error messages
+
+
+def fleet_file_path(fleet: str) -> str:
+    return os.path.join(os.path.expanduser("~"), ".dsec", "fleets", f"{fleet}.json")
+
+
+def _read_fleet_file(path: str) -> dict:
+    try:
+        with open(path, "r", encoding="utf-8") as f:
+            doc = json.load(f)
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as e:
+        raise DsecError(f"cannot read fleet file {path}: {e}", code="config") from None
+    if not isinstance(doc, dict):
+        raise DsecError(f"fleet file {path} is not a JSON object", code="config")
+    return doc
+
+
+def validate_endpoint(endpoint: str) -> str:
+    parts = urlsplit(endpoint)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise InvalidRequestError(f"endpoint must look like http://HOST:PORT, got {endpoint!r}")
+    return endpoint.rstrip("/")
+
+
+def resolve(endpoint: Optional[str] = None, token: Optional[str] = None,
+            fleet: Optional[str] = None) -> FleetConfig:
+    """Each value is taken from the first place that has it: argument, environment, fleet file."""
+    fleet = fleet or os.environ.get("DSEC_FLEET") or "default"
+    if "/" in fleet or fleet.startswith("."):
+        raise InvalidRequestError(f"invalid fleet name {fleet!r}")
+    sources = []
+    if endpoint:
+        sources.append("argument")
+    elif os.environ.get("DSEC_ENDPOINT"):
+        endpoint = os.environ["DSEC_ENDPOINT"]
+        sources.append("DSEC_ENDPOINT")
+    if token:
+        pass
+    elif os.environ.get("DSEC_TOKEN"):
+        token = os.environ["DSEC_TOKEN"]
+    path = fleet_file_path(fleet)
+    if not endpoint or not token:
+        doc = _read_fleet_file(path)
+        if not endpoint and isinstance(doc.get("endpoint"), str) and doc["endpoint"]:
+            endpoint = doc["endpoint"]
+            sources.append(path)
+        if not token and isinstance(doc.get("token"), str) and doc["token"]:
+            token = doc["token"]
+    if not endpoint:
+        raise DsecError(
+            f"no dsec fleet found: pass endpoint=..., set DSEC_ENDPOINT, or start `dsec serve --fleet-name {fleet}` "
+            f"so that it writes {path}", code="config")
+    if not token:
+        raise DsecError(
+            f"no token for the dsec fleet at {endpoint}: pass token=..., set DSEC_TOKEN, or put \"token\" in {path}",
+            code="config")
+    return FleetConfig(endpoint=validate_endpoint(endpoint), token=token, fleet=fleet,
+                       source=sources[0] if sources else "argument")

@@ -1,0 +1,168 @@
+"""Cheap client-side checks that turn obvious mistakes into InvalidRequestError before a round trip.
+
+The server validates everything again; these checks only exist to give a clear message early.
+"""
+
+from __future__ import annotations
+
+import base64
+import numbers
+import re
+from typing import Any, Dict, List, Mapping, Optional, Union
+
+from .errors import InvalidRequestError
+
+_SIZE_RE = re.compile(r"^\s*\d+(\.\d+)?\s*([kKmMgGtT]i?[bB]?|[bB])?\s*$")
+_MODE_RE = re.compile(r"^0?[0-7]{3,4}$")
+
+
+def _fail(message: str) -> None:
+    raise InvalidRequestError(message)
+
+
+def number(name: str, value: Any, allow_zero: bool = True) -> Union[int, float]:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        _fail(f"{name} must be a number, got {type(value).__name__}")
+    if value < 0 or (not allow_zero and value == 0):
+        _fail(f"{name} must be {'>= 0' if allow_zero else '> 0'}, got {value}")
+    return value
+
+
+def integer(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        _fail(f"{name} must be an integer, got {type(value).__name__}")
+    if value < 0:
+        _fail(f"{name} must be >= 0, got {value}")
+    return int(value)
+
+
+def size(name: str, value: Any) -> Union[int, str]:
+    """Sizes are integers (bytes) or strings like "512M", "1G", "64k"."""
+    if isinstance(value, str):
+        if not _SIZE_RE.match(value):
+            _fail(f"{name} must be a byte count or a size like '512M' or '1G', got {value!r}")
+        return value.strip()
+    return integer(name, value)
+
+
+def string_map(name: str, value: Any) -> Dict[str, str]:
+    if not isinstance(value, Mapping):
+        _fail(f"{name} must be a dict of str to str, got {type(value).__name__}")
+    for k, v in value.items():
+        if not isinstance(k, str) or not isinstance(v, str):
+            _fail(f"{name} must map str to str; {k!r}: {v!r} is not")
+        if not k:
+            _fail(f"{name} has an empty key")
+    return dict(value)
+
+
+def env_map(name: str, value: Any) -> Dict[str, str]:
+    env = string_map(name, value)
+    for k in env:
+        if "=" in k or "\0" in k:
+            _fail(f"{name} key {k!r} must not contain '=' or NUL")
+    return env
+
+
+def abs_path(name: str, value: Any) -> str:
+    if not isinstance(value, str):
+        _fail(f"{name} must be a str, got {type(value).__name__}")
+    if not value.startswith("/"):
+        _fail(f"{name} must be an absolute path inside the sandbox, got {value!r}")
+    if "\0" in value:
+        _fail(f"{name} must not contain NUL")
+    return value
+
+
+def file_mode(value: Any) -> str:
+    if isinstance(value, bool):
+        _fail("mode must be an int like 0o644 or a str like '0644'")
+    if isinstance(value, numbers.Integral):
+        if not 0 <= value <= 0o7777:
+            _fail(f"mode must be between 0 and 0o7777, got {oct(value)}")
+        return f"{int(value):04o}"
+    if isinstance(value, str) and _MODE_RE.match(value):
+        return value if len(value) == 4 else "0" + value
+    _fail(f"mode must be an int like 0o644 or an octal str like '0644', got {value!r}")
+    raise AssertionError
+
+
+def sandbox_id(value: Any) -> str:
+    if not isinstance(value, str) or not value or "/" in value or "?" in value or "#" in value:
+        _fail(f"invalid sandbox id {value!r}")
+    return value
+
+
+def create_body(image: Any, backend: Any, cpus: Any, memory: Any, disk: Any, pids: Any, timeout: Any,
+                idle_timeout: Any, env: Any, labels: Any, network: Any) -> Dict[str, Any]:
+    if not isinstance(image, str) or not image.strip():
+        _fail("image must be a non-empty str like 'debian:12+python:3.11'")
+    if not isinstance(backend, str) or not backend:
+        _fail("backend must be a non-empty str such as 'container'")
+    body: Dict[str, Any] = {"image": image, "backend": backend}
+    if cpus is not None:
+        body["cpus"] = number("cpus", cpus, allow_zero=False)
+    if memory is not None:
+        body["memory"] = size("memory", memory)
+    if disk is not None:
+        body["disk"] = size("disk", disk)
+    if pids is not None:
+        body["pids"] = integer("pids", pids)
+    if timeout is not None:
+        body["timeout"] = number("timeout", timeout)
+    if idle_timeout is not None:
+        body["idle_timeout"] = number("idle_timeout", idle_timeout)
+    if env is not None:
+        body["env"] = env_map("env", env)
+    if labels is not None:
+        body["labels"] = string_map("labels", labels)
+    if network is not None:
+        if not isinstance(network, str):
+            _fail("network must be 'none' or 'host'")
+        body["network"] = network
+    return body
+
+
+def exec_body(cmd: Any, timeout: Any, cwd: Any, env: Any, stdin: Any, output_cap: Any) -> Dict[str, Any]:
+    body: Dict[str, Any] = {}
+    if isinstance(cmd, str):
+        if not cmd.strip():
+            _fail("cmd must not be empty")
+        body["cmd"] = cmd
+    elif isinstance(cmd, (list, tuple)):
+        if not cmd:
+            _fail("cmd must not be an empty list")
+        argv: List[str] = []
+        for arg in cmd:
+            if not isinstance(arg, str):
+                _fail(f"every argv element must be a str; {arg!r} is {type(arg).__name__}")
+            argv.append(arg)
+        body["cmd"] = argv
+    else:
+        _fail(f"cmd must be a str (run by /bin/sh -c) or a list of str (argv), got {type(cmd).__name__}")
+    if timeout is not None:
+        body["timeout"] = number("timeout", timeout)
+    if cwd is not None:
+        body["cwd"] = abs_path("cwd", cwd)
+    if env is not None:
+        body["env"] = env_map("env", env)
+    if stdin is not None:
+        if isinstance(stdin, str):
+            body["stdin"] = stdin
+        elif isinstance(stdin, (bytes, bytearray, memoryview)):
+            body["stdin_b64"] = base64.b64encode(bytes(stdin)).decode("ascii")
+        else:
+            _fail(f"stdin must be str or bytes, got {type(stdin).__name__}")
+    if output_cap is not None:
+        body["output_cap"] = integer("output_cap", output_cap)
+    return body
+
+
+def optional_labels(labels: Optional[Any]) -> Dict[str, str]:
+    if labels is None:
+        return {}
+    lab = string_map("labels", labels)
+    for k in lab:
+        if "=" in k:
+            _fail(f"label key {k!r} must not contain '='")
+    return lab

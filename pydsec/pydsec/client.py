@@ -1,0 +1,361 @@
+"""The synchronous SDK: Client, Sandbox and ExecStream.
+
+A Client is thread-safe: share one between threads; it keeps a small pool of keep-alive connections.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+
+from . import _config, _tar
+from . import _validate as v
+from ._http import Response, Transport
+from .errors import DsecError, NotFoundError, ServerError
+from .results import ExecResult
+
+Cmd = Union[str, Sequence[str]]
+_COPY_BUFSIZE = 256 * 1024
+# Extra time the client waits beyond an exec's own timeout: the node must still kill, reap and reply.
+_EXEC_GRACE = 30.0
+
+
+class ExecStream:
+    """Output of a streaming exec, chunk by chunk.
+
+    Iterate it to get ``(stream, text)`` tuples where stream is ``"stdout"`` or ``"stderr"``; once the
+    iteration ends, ``result`` holds the ExecResult (its stdout/stderr are the concatenated chunks).
+    ``wait()`` consumes the rest and returns the result. Use it as a context manager (or call ``close()``)
+    to abandon a stream early.
+    """
+
+    def __init__(self, response: Response):
+        self._response: Optional[Response] = response
+        self._stdout: List[str] = []
+        self._stderr: List[str] = []
+        self.result: Optional[ExecResult] = None
+
+    def __iter__(self) -> Iterator[Tuple[str, str]]:
+        return self
+
+    def __next__(self) -> Tuple[str, str]:
+        while True:
+            if self._response is None:
+                raise StopIteration
+            line = self._response.readline()
+            if not line:
+                self._response = None
+                if self.result is None:
+                    raise ServerError("exec stream ended without a final result line")
+                raise StopIteration
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                doc = json.loads(line.decode("utf-8"))
+            except (UnicodeDecodeError, ValueError):
+                self.close()
+                raise ServerError(f"exec stream sent an invalid line: {line[:200]!r}") from None
+            if not isinstance(doc, dict):
+                self.close()
+                raise ServerError(f"exec stream sent a non-object line: {line[:200]!r}")
+            if doc.get("done"):
+                self.result = ExecResult.from_json(doc, stdout="".join(self._stdout), stderr="".join(self._stderr))
+                # Read the chunked terminator so that the connection goes back to the pool.
+                response, self._response = self._response, None
+                response.read()
+                raise StopIteration
+            if "error" in doc and isinstance(doc["error"], dict):
+                self.close()
+                err = doc["error"]
+                raise ServerError(str(err.get("message", "exec stream failed")), code=str(err.get("code", "internal")))
+            for name in ("stdout", "stderr"):
+                text = doc.get(name)
+                if isinstance(text, str) and text:
+                    (self._stdout if name == "stdout" else self._stderr).append(text)
+                    return name, text
+
+    def wait(self) -> ExecResult:
+        for _ in self:
+            pass
+        if self.result is None:
+            raise ServerError("exec stream was closed before its result arrived")
+        return self.result
+
+    def close(self) -> None:
+        if self._response is not None:
+            response, self._response = self._response, None
+            response.close()
+
+    def __enter__(self) -> "ExecStream":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class Sandbox:
+    """A handle to one sandbox. Cheap to create; holds the last info it saw in ``cached_info``."""
+
+    def __init__(self, client: "Client", sandbox_id: str, info: Optional[Dict[str, Any]] = None):
+        self._client = client
+        self.id = v.sandbox_id(sandbox_id)
+        self.cached_info: Optional[Dict[str, Any]] = info
+
+    def __repr__(self) -> str:
+        state = (self.cached_info or {}).get("state", "?")
+        return f"<pydsec.Sandbox {self.id} {state}>"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sandbox) and other.id == self.id
+
+    def __hash__(self) -> int:
+        return hash(self.id)
+
+    @property
+    def _path(self) -> str:
+        return f"/v1/sandboxes/{self.id}"
+
+    def _t(self) -> Transport:
+        return self._client._transport
+
+    # -- lifecycle ----------------------------------------------------------------------------------------
+    def info(self) -> Dict[str, Any]:
+        """The sandbox info object (state, limits, usage...), fetched fresh."""
+        self.cached_info = self._t().call("GET", self._path)
+        return self.cached_info
+
+    @property
+    def state(self) -> Optional[str]:
+        return (self.cached_info or {}).get("state")
+
+    @property
+    def labels(self) -> Dict[str, str]:
+        return dict((self.cached_info or {}).get("labels") or {})
+
+    def pause(self) -> Dict[str, Any]:
+        self.cached_info = self._t().call("POST", self._path + "/pause")
+        return self.cached_info
+
+    def resume(self) -> Dict[str, Any]:
+        self.cached_info = self._t().call("POST", self._path + "/resume")
+        return self.cached_info
+
+    def destroy(self) -> bool:
+        """Destroy the sandbox. Idempotent: returns False if it was already gone."""
+        try:
+            self._t().call("DELETE", self._path)
+        except NotFoundError:
+            return False
+        if self.cached_info is not None:
+            self.cached_info = dict(self.cached_info, state="destroyed")
+        return True
+
+    def __enter__(self) -> "Sandbox":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.destroy()
+
+    # -- exec ---------------------------------------------------------------------------------------------
+    @staticmethod
+    def _exec_wait(timeout: Optional[float], client_timeout: Optional[float]) -> Optional[float]:
+        """How long the client waits for an exec's response: the command's timeout plus grace, or forever."""
+        if timeout is None or timeout == 0:
+            return None
+        return max(float(timeout) + _EXEC_GRACE, client_timeout or 0.0)
+
+    def exec(self, cmd: Cmd, timeout: Optional[float] = None, cwd: Optional[str] = None,
+             env: Optional[Dict[str, str]] = None, stdin: Union[None, str, bytes] = None,
+             output_cap: Optional[int] = None) -> ExecResult:
+        """Run a command (a str runs under /bin/sh -c, a list is argv) and wait for it."""
+        body = v.exec_body(cmd, timeout, cwd, env, stdin, output_cap)
+        doc = self._t().call("POST", self._path + "/exec", payload=body,
+                             timeout=self._exec_wait(timeout, self._t().timeout))
+        if not isinstance(doc, dict):
+            raise ServerError(f"unexpected exec response: {doc!r}")
+        return ExecResult.from_json(doc)
+
+    def exec_stream(self, cmd: Cmd, timeout: Optional[float] = None, cwd: Optional[str] = None,
+                    env: Optional[Dict[str, str]] = None, stdin: Union[None, str, bytes] = None,
+                    output_cap: Optional[int] = None) -> ExecStream:
+        """Run a command and get its output as it arrives; see ExecStream."""
+        body = v.exec_body(cmd, timeout, cwd, env, stdin, output_cap)
+        response = self._t().request("POST", self._path + "/exec/stream", body=json.dumps(body).encode("utf-8"),
+                                     headers={"Content-Type": "application/json"},
+                                     timeout=self._exec_wait(timeout, self._t().timeout))
+        return ExecStream(response)
+
+    # -- files --------------------------------------------------------------------------------------------
+    def write_file(self, path: str, data: Union[bytes, str], mode: Union[None, int, str] = None) -> Dict[str, Any]:
+        """Write data (str is encoded as UTF-8) to path, creating parent directories."""
+        v.abs_path("path", path)
+        if isinstance(data, str):
+            data = data.encode("utf-8")
+        elif isinstance(data, (bytearray, memoryview)):
+            data = bytes(data)
+        elif not isinstance(data, bytes):
+            v._fail(f"data must be bytes or str, got {type(data).__name__}")
+        query: List[Tuple[str, Any]] = [("path", path)]
+        if mode is not None:
+            query.append(("mode", v.file_mode(mode)))
+        return self._t().request("PUT", self._path + "/files", query, body=data,
+                                 headers={"Content-Type": "application/octet-stream"}).json()
+
+    def write_file_from(self, path: str, local_path: str, mode: Union[None, int, str] = None) -> Dict[str, Any]:
+        """Stream a local file to path without reading it into memory."""
+        v.abs_path("path", path)
+        query: List[Tuple[str, Any]] = [("path", path)]
+        if mode is not None:
+            query.append(("mode", v.file_mode(mode)))
+        with open(local_path, "rb") as f:
+            return self._t().request("PUT", self._path + "/files", query, body=f,
+                                     headers={"Content-Type": "application/octet-stream"}).json()
+
+    def read_file(self, path: str) -> bytes:
+        v.abs_path("path", path)
+        return self._t().request("GET", self._path + "/files", [("path", path)]).read()
+
+    def read_file_to(self, path: str, local_path: str) -> int:
+        """Stream path into a local file (written next to it, then renamed). Returns the byte count."""
+        v.abs_path("path", path)
+        response = self._t().request("GET", self._path + "/files", [("path", path)])
+        directory = os.path.dirname(os.path.abspath(local_path))
+        fd, tmp = tempfile.mkstemp(prefix=".pydsec-", dir=directory)
+        total = 0
+        try:
+            with os.fdopen(fd, "wb") as out:
+                while True:
+                    chunk = response.read(_COPY_BUFSIZE)
+                    if not chunk:
+                        break
+                    out.write(chunk)
+                    total += len(chunk)
+            os.replace(tmp, local_path)
+        except BaseException:
+            response.close()
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            raise
+        return total
+
+    def list_dir(self, path: str) -> List[Dict[str, Any]]:
+        v.abs_path("path", path)
+        doc = self._t().call("GET", self._path + "/files/list", [("path", path)])
+        return list((doc or {}).get("entries") or [])
+
+    def stat(self, path: str) -> Dict[str, Any]:
+        v.abs_path("path", path)
+        return self._t().call("GET", self._path + "/files/stat", [("path", path)])
+
+    def exists(self, path: str) -> bool:
+        try:
+            self.stat(path)
+        except NotFoundError:
+            return False
+        return True
+
+    def remove(self, path: str, recursive: bool = False) -> Dict[str, Any]:
+        v.abs_path("path", path)
+        query: List[Tuple[str, Any]] = [("path", path)]
+        if recursive:
+            query.append(("recursive", "1"))
+        return self._t().call("DELETE", self._path + "/files", query)
+
+    def upload(self, local_dir: str, remote_dir: str) -> Dict[str, Any]:
+        """Copy the contents of local_dir into remote_dir (created if missing) as one tar stream."""
+        v.abs_path("remote_dir", remote_dir)
+        with _tar.pack_directory(local_dir) as tmp:
+            return self._t().request("PUT", self._path + "/tar", [("path", remote_dir)], body=tmp,
+                                     headers={"Content-Type": "application/x-tar"}).json()
+
+    def download(self, remote_dir: str, local_dir: str) -> int:
+        """Copy the contents of remote_dir into local_dir. Returns the number of entries written.
+
+        Members that would escape local_dir (absolute names, '..', outside links) raise UnsafeArchiveError.
+        """
+        v.abs_path("remote_dir", remote_dir)
+        response = self._t().request("GET", self._path + "/tar", [("path", remote_dir)])
+        try:
+            count = _tar.extract_stream(response, local_dir)
+            response.read()  # drain the end of the stream so that the connection can be reused
+            return count
+        finally:
+            response.close()
+
+
+class Client:
+    """A connection to a dsec fleet.
+
+    ``endpoint``/``token`` come from the arguments, else from DSEC_ENDPOINT/DSEC_TOKEN, else from the fleet file
+    ``~/.dsec/fleets/<fleet>.json`` written by ``dsec serve --fleet-name <fleet>``. ``timeout`` (seconds, None
+    for none) bounds every request except execs, which wait for their own timeout plus a grace period.
+    """
+
+    def __init__(self, endpoint: Optional[str] = None, token: Optional[str] = None, fleet: Optional[str] = None,
+                 timeout: Optional[float] = 120.0, max_idle_connections: int = 32):
+        cfg = _config.resolve(endpoint, token, fleet)
+        self.endpoint = cfg.endpoint
+        self.fleet = cfg.fleet
+        self._transport = Transport(cfg.endpoint, cfg.token, timeout=timeout, max_idle=max_idle_connections)
+
+    def __repr__(self) -> str:
+        return f"<pydsec.Client {self.endpoint} fleet={self.fleet!r}>"
+
+    def close(self) -> None:
+        self._transport.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def create(self, image: str, backend: str = "container", cpus: Optional[float] = None,
+               memory: Union[None, int, str] = None, disk: Union[None, int, str] = None, pids: Optional[int] = None,
+               timeout: Optional[float] = None, idle_timeout: Optional[float] = None,
+               env: Optional[Dict[str, str]] = None, labels: Optional[Dict[str, str]] = None,
+               network: Optional[str] = None) -> Sandbox:
+        """Create a sandbox and return once it is running. Arguments left as None take the node's defaults."""
+        body = v.create_body(image, backend, cpus, memory, disk, pids, timeout, idle_timeout, env, labels, network)
+        info = self._transport.call("POST", "/v1/sandboxes", payload=body)
+        if not isinstance(info, dict) or not isinstance(info.get("id"), str):
+            raise ServerError(f"create returned no sandbox id: {info!r}")
+        return Sandbox(self, info["id"], info)
+
+    def sandbox(self, sandbox_id: str) -> Sandbox:
+        """A handle to a sandbox by id, without a request."""
+        return Sandbox(self, sandbox_id)
+
+    def get(self, sandbox_id: str) -> Sandbox:
+        """A handle to an existing sandbox; NotFoundError if there is none with that id."""
+        sb = Sandbox(self, sandbox_id)
+        sb.info()
+        return sb
+
+    def list(self, labels: Optional[Dict[str, str]] = None) -> List[Sandbox]:
+        """The sandboxes whose labels include all of ``labels``."""
+        query = [("label", f"{k}={val}") for k, val in v.optional_labels(labels).items()]
+        doc = self._transport.call("GET", "/v1/sandboxes", query)
+        return [Sandbox(self, info["id"], info) for info in (doc or {}).get("sandboxes") or []]
+
+    def layers(self) -> List[Dict[str, Any]]:
+        """Manifests of the layers in the node's store."""
+        doc = self._transport.call("GET", "/v1/layers")
+        return list((doc or {}).get("layers") or [])
+
+    def health(self) -> Dict[str, Any]:
+        return self._transport.call("GET", "/healthz")
+
+    def node(self) -> Dict[str, Any]:
+        return self._transport.call("GET", "/v1/node")
+
+    def metrics(self) -> str:
+        return self._transport.request("GET", "/metrics").read().decode("utf-8", errors="replace")
+
+
+__all__ = ["Client", "Sandbox", "ExecStream", "ExecResult", "DsecError"]

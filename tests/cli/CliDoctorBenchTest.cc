@@ -1,0 +1,64 @@
+// `dsec doctor` on this host, and a small `dsec bench create`/`density` run through an embedded node.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "CliRunner.h"
+#include "dsec/common/Process.h"
+#include "dsec/common/Strings.h"
+#include "dsec/testing/TestSupport.h"
+
+namespace dsec::testing {
+namespace {
+
+nlohmann::json lastJsonLine(const std::string& out) {
+  auto lines = split(trim(out), '\n');
+  if (lines.empty()) return nullptr;
+  return nlohmann::json::parse(lines.back(), nullptr, false);
+}
+
+TEST(CliDoctor, ContainerSandboxesCanRunHere) {
+  DSEC_SKIP_UNLESS_ROOT();
+  TempDir root;
+  auto r = runDsec({"doctor", "--root", root.path()});
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("cgroup driver"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("dsec-sandbox-init"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("container sandboxes can run on this host"), std::string::npos) << r.out;
+}
+
+TEST(CliBench, CreateSmallRunPrintsJsonSummary) {
+  DSEC_SKIP_UNLESS_ROOT();
+  if (findProgram("mkfs.erofs").empty()) GTEST_SKIP() << "mkfs.erofs missing (erofs-utils)";
+  TempDir root;
+  auto r = runDsec(
+      {"bench", "create", "--backend", "container", "--count", "6", "--concurrency", "3", "--root", root.path()}, {},
+      120);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  auto summary = lastJsonLine(r.out);
+  ASSERT_TRUE(summary.is_object()) << r.out;
+  EXPECT_EQ(summary["count"], 6);
+  EXPECT_EQ(summary["concurrency"], 3);
+  EXPECT_EQ(summary["failures"], 0);
+  EXPECT_GT(summary["p50_ms"].get<double>(), 0);
+  EXPECT_GE(summary["p99_ms"].get<double>(), summary["p50_ms"].get<double>());
+  EXPECT_GT(summary["per_second"].get<double>(), 0);
+  EXPECT_TRUE(summary.contains("node_mem_before_mb"));
+  EXPECT_TRUE(summary.contains("node_mem_after_mb"));
+}
+
+TEST(CliBench, DensitySmallRunHoldsSleepers) {
+  DSEC_SKIP_UNLESS_ROOT();
+  if (findProgram("mkfs.erofs").empty()) GTEST_SKIP() << "mkfs.erofs missing (erofs-utils)";
+  TempDir root;
+  auto r = runDsec({"bench", "density", "--count", "10", "--root", root.path()}, {}, 120);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  auto summary = lastJsonLine(r.out);
+  ASSERT_TRUE(summary.is_object()) << r.out;
+  EXPECT_EQ(summary["held"], 10);
+  EXPECT_EQ(summary["requested"], 10);
+  EXPECT_TRUE(summary.contains("host_mb_per_sandbox"));
+}
+
+}  // namespace
+}  // namespace dsec::testing

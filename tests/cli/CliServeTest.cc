@@ -1,0 +1,170 @@
+// `dsec serve` as a subprocess on a free port, driven by `dsec run/exec/ls/pause/resume/rm` through
+// DSEC_ENDPOINT/DSEC_TOKEN and through the fleet file. As root (real container sandboxes).
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <chrono>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "ApiClient.h"
+#include "CliRunner.h"
+#include "dsec/common/Process.h"
+#include "dsec/common/Strings.h"
+#include "dsec/testing/TestSupport.h"
+
+namespace dsec::testing {
+namespace {
+
+class CliServe : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    DSEC_SKIP_UNLESS_ROOT();
+    if (findProgram("mkfs.erofs").empty()) GTEST_SKIP() << "mkfs.erofs missing (erofs-utils)";
+    TempDir tree;
+    writeBusyboxTree(tree.path() + "/rootfs");
+    auto built = runDsec({"layer", "build", "bb:1", "--from-dir", tree.path() + "/rootfs", "--root", root_.path()});
+    ASSERT_EQ(built.exit_code, 0) << built.err;
+
+    endpoint_ = "http://127.0.0.1:" + std::to_string(pickFreePort());
+    serve_ = std::make_unique<BackgroundDsec>(
+        std::vector<std::string>{"serve", "--listen", endpoint_.substr(7), "--root", root_.path(), "--fleet-name",
+                                 "clitest", "--log-level", "info"},
+        std::map<std::string, std::string>{{"HOME", home_.path()}}, home_.path() + "/serve.log");
+    // Up when /healthz answers (no auth needed) and the token file exists.
+    cli::ApiClient probe(cli::FleetAddress{endpoint_, ""});
+    for (int i = 0; i < 300; ++i) {
+      if (!serve_->running()) break;
+      if (probe.call(cli::HttpMethod::kGet, "/healthz").ok() && std::filesystem::exists(root_.path() + "/token")) {
+        token_ = trim(readFile(root_.path() + "/token").value());
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    ASSERT_FALSE(token_.empty()) << "dsec serve did not come up: " << readFile(home_.path() + "/serve.log").value();
+    env_ = {{"HOME", home_.path()}, {"DSEC_ENDPOINT", endpoint_}, {"DSEC_TOKEN", token_}};
+  }
+  void TearDown() override {
+    if (serve_ == nullptr) return;
+    // Whatever a failed test left behind goes before the server stops (a stopped server keeps sandboxes).
+    auto listing = runDsec({"ls", "--json"}, env_);
+    auto parsed = nlohmann::json::parse(listing.out, nullptr, false);
+    if (!parsed.is_discarded() && parsed.contains("sandboxes")) {
+      for (const auto& sb : parsed["sandboxes"]) runDsec({"rm", sb.value("id", "")}, env_);
+    }
+    EXPECT_EQ(serve_->stop(), 0) << readFile(home_.path() + "/serve.log").value();
+  }
+  CliResult dsec(const std::vector<std::string>& args) { return runDsec(args, env_); }
+
+  TempDir root_;
+  TempDir home_;
+  std::string endpoint_;
+  std::string token_;
+  std::unique_ptr<BackgroundDsec> serve_;
+  std::map<std::string, std::string> env_;
+};
+
+TEST_F(CliServe, RunExecLsPauseResumeRm) {
+  auto r = dsec({"run", "bb:1", "--label", "suite=cli", "--memory", "128M", "--env", "GREETING=hello"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::string id = trim(r.out);
+  ASSERT_FALSE(id.empty());
+
+  r = dsec({"exec", id, "--", "sh", "-c", "echo out $GREETING; echo err >&2; exit 7"});
+  EXPECT_EQ(r.exit_code, 7) << r.err;
+  EXPECT_EQ(r.out, "out hello\n");
+  EXPECT_NE(r.err.find("err\n"), std::string::npos) << r.err;
+
+  r = dsec({"exec", id, "--cwd", "/etc", "--env", "X=1", "--", "sh", "-c", "pwd; echo $X"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "/etc\n1\n");
+
+  r = dsec({"exec", id, "--timeout", "0.5", "--", "sleep", "30"});
+  EXPECT_EQ(r.exit_code, 137);
+  EXPECT_NE(r.err.find("timed out"), std::string::npos) << r.err;
+
+  r = dsec({"ls", "--label", "suite=cli"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("ID"), std::string::npos);
+  EXPECT_NE(r.out.find(id), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("running"), std::string::npos) << r.out;
+  r = dsec({"ls", "--label", "suite=other"});
+  EXPECT_EQ(r.out.find(id), std::string::npos) << r.out;
+
+  r = dsec({"pause", id});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("paused"), std::string::npos) << r.out;
+  r = dsec({"resume", id});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("running"), std::string::npos) << r.out;
+
+  r = dsec({"rm", id});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  r = dsec({"ls"});
+  EXPECT_EQ(r.out.find(id), std::string::npos) << r.out;
+  r = dsec({"rm", id});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("404"), std::string::npos) << r.err;
+}
+
+TEST_F(CliServe, RunWithCommandPrintsOutputAndCleansUp) {
+  auto r = dsec({"run", "bb:1", "--", "sh", "-c", "echo hello from $(hostname); exit 4"});
+  EXPECT_EQ(r.exit_code, 4) << r.err;
+  EXPECT_EQ(r.out.rfind("hello from ", 0), 0u) << r.out;
+  r = dsec({"ls", "--json"});
+  auto listing = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(listing.is_discarded()) << r.out;
+  EXPECT_TRUE(listing["sandboxes"].empty()) << r.out;
+
+  r = dsec({"run", "bb:1", "--keep", "--", "true"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("kept sandbox"), std::string::npos) << r.err;
+  r = dsec({"ls", "--json"});
+  EXPECT_EQ(nlohmann::json::parse(r.out)["sandboxes"].size(), 1u);
+}
+
+TEST_F(CliServe, InterruptedRunDestroysItsSandbox) {
+  BackgroundDsec run({"run", "bb:1", "--", "sh", "-c", "echo started; sleep 60"}, env_, home_.path() + "/run.log");
+  bool listed = false;
+  for (int i = 0; i < 200 && !listed; ++i) {
+    auto listing = nlohmann::json::parse(dsec({"ls", "--json"}).out, nullptr, false);
+    listed = !listing.is_discarded() && listing["sandboxes"].size() == 1;
+    if (!listed) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_TRUE(listed) << readFile(home_.path() + "/run.log").value();
+  EXPECT_EQ(run.stop(), 128 + SIGTERM);
+  EXPECT_NE(readFile(home_.path() + "/run.log").value().find("interrupted; destroyed sandbox"), std::string::npos);
+  auto listing = nlohmann::json::parse(dsec({"ls", "--json"}).out);
+  EXPECT_TRUE(listing["sandboxes"].empty()) << listing.dump();
+}
+
+TEST_F(CliServe, ErrorsFromTheServerAreReported) {
+  auto r = dsec({"run", "nothere:1"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("dsec run: "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("nothere:1"), std::string::npos) << r.err;
+
+  auto env = env_;
+  env["DSEC_TOKEN"] = "wrong";
+  r = runDsec({"ls"}, env);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("401"), std::string::npos) << r.err;
+
+  r = dsec({"exec", "n0-doesnotexist", "--", "true"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("404"), std::string::npos) << r.err;
+}
+
+TEST_F(CliServe, FleetFileIsUsedWithoutEnvironment) {
+  std::map<std::string, std::string> env{{"HOME", home_.path()}, {"DSEC_ENDPOINT", ""}, {"DSEC_TOKEN", ""}};
+  ASSERT_TRUE(std::filesystem::exists(home_.path() + "/.dsec/fleets/clitest.json"));
+  auto r = runDsec({"ls", "--fleet", "clitest"}, env);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("ID"), std::string::npos) << r.out;
+  r = runDsec({"ls", "--fleet", "nosuchfleet"}, env);
+  EXPECT_EQ(r.exit_code, 1);
+}
+
+}  // namespace
+}  // namespace dsec::testing

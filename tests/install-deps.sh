@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs what dsec needs to build, run and test on Debian 12 (run as root). Idempotent and quiet when
+# everything is already there.
+set -euo pipefail
+
+PACKAGES=(
+  # build
+  g++ cmake ninja-build pkg-config git
+  libboost-dev libboost-program-options-dev nlohmann-json3-dev libseccomp-dev libcap-dev libssl-dev
+  libgtest-dev libgmock-dev
+  # layers and sandboxes
+  erofs-utils debootstrap busybox-static iproute2 patch
+  # SDK and tests
+  python3 python3-pytest python3-setuptools python3-pip
+  # benchmark peers
+  crun bubblewrap
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "install-deps: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q
+  apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi

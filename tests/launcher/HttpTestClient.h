@@ -1,0 +1,71 @@
+// A small synchronous HTTP client (Boost.Beast) for the node API tests: keep-alive requests, streamed
+// uploads and downloads that never hold a whole large body, and raw byte streams for abuse tests.
+#pragma once
+
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/http.hpp>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+
+namespace dsec::testing {
+
+struct HttpReply {
+  int status = 0;
+  std::string body;
+  std::map<std::string, std::string> headers;  // lower-case names
+  bool closed = false;                         // the server closed the connection after this reply
+  nlohmann::json json() const;
+  std::string errorCode() const;  // error.code of an error body, "" if none
+};
+
+class HttpTestClient {
+ public:
+  HttpTestClient(const std::string& endpoint, std::string token);
+  ~HttpTestClient();
+
+  void setToken(std::string token) { token_ = std::move(token); }
+  HttpReply request(boost::beast::http::verb method, const std::string& target, const std::string& body = "",
+                    const std::map<std::string, std::string>& headers = {}, bool auth = true);
+  HttpReply get(const std::string& target) { return request(boost::beast::http::verb::get, target); }
+  HttpReply del(const std::string& target) { return request(boost::beast::http::verb::delete_, target); }
+  HttpReply postJson(const std::string& target, const nlohmann::json& body) {
+    return request(boost::beast::http::verb::post, target, body.dump(), {{"Content-Type", "application/json"}});
+  }
+  // PUT with a body produced in pieces by `next` (returns false when done) and a known total size.
+  HttpReply putStreamed(const std::string& target, uint64_t size,
+                        const std::function<std::string(uint64_t offset)>& next);
+  // GET whose body is handed to `sink` piece by piece (not kept in the reply).
+  HttpReply getStreamed(const std::string& target, const std::function<void(const char*, size_t)>& sink);
+  // Sends raw bytes on a fresh connection and returns what came back until the server closed it (or timeout).
+  std::string raw(const std::string& bytes, double timeout_seconds = 5, bool half_close = false);
+
+  std::string host() const { return host_; }
+  int port() const { return port_; }
+
+ private:
+  void connect();
+  void prepare(boost::beast::http::request_header<>& head, bool auth,
+               const std::map<std::string, std::string>& headers);
+
+  std::string host_;
+  int port_ = 0;
+  std::string token_;
+  boost::asio::io_context io_;
+  std::unique_ptr<boost::asio::ip::tcp::socket> socket_;
+  boost::beast::flat_buffer buffer_;
+};
+
+// A tree with bin/busybox and its applet symlinks, /etc, /tmp, ... for a test layer.
+void writeBusyboxRootfs(const std::string& dir);
+// Resident and peak resident memory of this process in bytes (VmRSS/VmHWM); resetPeakRss() restarts VmHWM.
+int64_t residentBytes();
+int64_t peakResidentBytes();
+void resetPeakRss();
+
+}  // namespace dsec::testing
