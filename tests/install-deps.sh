@@ -8,8 +8,10 @@ PACKAGES=(
   g++ cmake ninja-build pkg-config git
   libboost-dev libboost-program-options-dev nlohmann-json3-dev libseccomp-dev libcap-dev libssl-dev
   libgtest-dev libgmock-dev
-  # layers and sandboxes
-  erofs-utils debootstrap busybox-static iproute2 patch
+  # layers, sandboxes, placement
+  erofs-utils debootstrap busybox-static iproute2 util-linux patch libhwloc-dev hwloc
+  # a local Slurm cluster for the Slurm tests (slurmctld, slurmd, munge, Open MPI with PMIx)
+  slurmctld slurmd slurm-client munge libslurm-dev openmpi-bin libopenmpi-dev libpmix-dev
   # SDK and tests
   python3 python3-pytest python3-setuptools python3-pip
   # benchmark peers
