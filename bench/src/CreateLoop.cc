@@ -5,6 +5,7 @@
 #include <boost/program_options.hpp>
 #include <cmath>
 #include <cstdio>
+#include <exception>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -52,9 +53,7 @@ Result<Timing> oneIteration(backends::Backend& backend, const backends::SandboxS
   return Timing{(end - start) * 1000, (created - start) * 1000, (executed - created) * 1000, (end - executed) * 1000};
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   std::string lower;
   std::string init;
   std::string network;
@@ -127,4 +126,16 @@ int main(int argc, char** argv) {
                          {"destroy_p50_ms", percentile(destroys, 50)}};
   std::cout << summary.dump() << std::endl;
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Report anything thrown (bad_alloc, a JSON error) as a failed run instead of an abort.
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::cerr << "dsec-bench-create-loop: " << e.what() << "\n";
+    return 1;
+  }
 }

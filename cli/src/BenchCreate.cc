@@ -54,25 +54,8 @@ int benchCreate(const Invocation& inv) {
   runWorkers(target->address, concurrency, [&](ApiClient& client, int) {
     while (next++ < count) {
       double t0 = monotonicSeconds();
-      auto info = client.call(HttpMethod::kPost, "/v1/sandboxes", create_body);
-      double t1 = monotonicSeconds();
-      std::string error;
-      if (!info.ok()) {
-        error = "create: " + info.error().message();
-      } else {
-        std::string id = info->value("id", "");
-        {
-          std::lock_guard lock(mu);
-          ids.push_back(id);
-        }
-        auto ran = client.call(HttpMethod::kPost, "/v1/sandboxes/" + urlEncode(id) + "/exec", exec_body);
-        if (!ran.ok()) {
-          error = "exec: " + ran.error().message();
-        } else if (ran->value("exit_code", -1) != 0) {
-          error = "exec: `true` exited with " + std::to_string(ran->value("exit_code", -1)) + ": " +
-                  ran->value("stderr", "");
-        }
-      }
+      double t1 = t0;
+      std::string error = createAndExec(client, create_body, exec_body, &mu, &ids, &t1);
       double t2 = monotonicSeconds();
       std::lock_guard lock(mu);
       if (!error.empty()) {

@@ -49,23 +49,7 @@ int benchDensity(const Invocation& inv) {
   double start = monotonicSeconds();
   runWorkers(target->address, concurrency, [&](ApiClient& client, int) {
     while (!stop.load() && next++ < count) {
-      std::string error;
-      auto info = client.call(HttpMethod::kPost, "/v1/sandboxes", create_body);
-      if (!info.ok()) {
-        error = "create: " + info.error().message();
-      } else {
-        std::string id = info->value("id", "");
-        {
-          std::lock_guard lock(mu);
-          ids.push_back(id);
-        }
-        auto ran = client.call(HttpMethod::kPost, "/v1/sandboxes/" + urlEncode(id) + "/exec", exec_body);
-        if (!ran.ok()) {
-          error = "exec: " + ran.error().message();
-        } else if (ran->value("exit_code", -1) != 0) {
-          error = "exec: exited with " + std::to_string(ran->value("exit_code", -1)) + ": " + ran->value("stderr", "");
-        }
-      }
+      std::string error = createAndExec(client, create_body, exec_body, &mu, &ids);
       if (!error.empty()) {
         stop.store(true);
         std::lock_guard lock(mu);

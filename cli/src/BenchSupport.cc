@@ -6,10 +6,12 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <mutex>
 #include <sstream>
 #include <thread>
 
 #include "LayerBuild.h"
+#include "dsec/common/Strings.h"
 #include "dsec/fs3/LayerStore.h"
 
 namespace dsec::cli {
@@ -119,6 +121,24 @@ int destroyAll(const FleetAddress& address, const std::vector<std::string>& ids,
     }
   });
   return failures.load();
+}
+
+std::string createAndExec(ApiClient& client, const nlohmann::json& create_body, const nlohmann::json& exec_body,
+                          std::mutex* mu, std::vector<std::string>* ids, double* created_at) {
+  auto info = client.call(HttpMethod::kPost, "/v1/sandboxes", create_body);
+  if (created_at != nullptr) *created_at = monotonicSeconds();
+  if (!info.ok()) return "create: " + info.error().message();
+  std::string id = info->value("id", "");
+  {
+    std::lock_guard lock(*mu);
+    ids->push_back(id);
+  }
+  auto ran = client.call(HttpMethod::kPost, "/v1/sandboxes/" + urlEncode(id) + "/exec", exec_body);
+  if (!ran.ok()) return "exec: " + ran.error().message();
+  if (ran->value("exit_code", -1) != 0) {
+    return "exec: exited with " + std::to_string(ran->value("exit_code", -1)) + ": " + ran->value("stderr", "");
+  }
+  return "";
 }
 
 }  // namespace dsec::cli

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -43,6 +44,12 @@ void raiseFileLimit();
 
 // Runs work(client, worker) on `threads` threads, each with its own keep-alive connection.
 void runWorkers(const FleetAddress& address, int threads, const std::function<void(ApiClient&, int)>& work);
+
+// One benchmark step: POST /v1/sandboxes with create_body, then exec_body in the new sandbox. The id goes into
+// *ids under *mu at once, so the sandbox is destroyed later even if the exec fails. *created_at (if set) gets the
+// time the create answered. Returns "" or what failed ("create: ..." / "exec: ...").
+std::string createAndExec(ApiClient& client, const nlohmann::json& create_body, const nlohmann::json& exec_body,
+                          std::mutex* mu, std::vector<std::string>* ids, double* created_at = nullptr);
 
 // Destroys the sandboxes with `threads` clients; returns how many failed.
 int destroyAll(const FleetAddress& address, const std::vector<std::string>& ids, int threads);

@@ -4,7 +4,10 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <iostream>
+#include <memory>
 #include <thread>
 
 #include "ClientCommon.h"
@@ -96,10 +99,14 @@ int cmdRun(const Invocation& inv) {
     std::cout << id << "\n";
     return kExitOk;
   }
+  // Set by the watcher before it destroys the sandbox: the exec then ends (killed) and the main thread must
+  // leave the exit to the watcher, which reports the interruption and exits as if killed by the signal.
+  auto interrupted = std::make_shared<std::atomic<bool>>(false);
   if (!keep) {
-    std::thread([address = *address, id, signals] {
+    std::thread([address = *address, id, signals, interrupted] {
       int sig = 0;
       if (sigwait(&signals, &sig) != 0) return;
+      interrupted->store(true);
       ApiClient destroyer(address);
       (void)destroyer.call(HttpMethod::kDelete, sandboxPath(id));
       std::cerr << "\ndsec run: interrupted; destroyed sandbox " << id << "\n";
@@ -109,6 +116,7 @@ int cmdRun(const Invocation& inv) {
   nlohmann::json exec{{"cmd", command}};
   if (vm["exec-timeout"].as<double>() > 0) exec["timeout"] = vm["exec-timeout"].as<double>();
   auto result = streamExec(*client, id, exec);
+  while (interrupted->load()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   if (keep) {
     std::cerr << "dsec run: kept sandbox " << id << "\n";
   } else {

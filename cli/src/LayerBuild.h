@@ -3,6 +3,7 @@
 
 #include <string>
 
+#include "BusyboxRootfs.h"
 #include "dsec/common/Result.h"
 #include "dsec/fs3/LayerRef.h"
 #include "dsec/fs3/LayerStore.h"
@@ -24,8 +25,6 @@ Result<RunBuildOutcome> buildLayerByRunning(fs3::LayerStore& store, const fs3::L
 // A tiny base layer from the host's static busybox: bin/busybox plus a symlink per applet, and the usual empty
 // top-level directories. Used by the benchmarks and tests. No-op if the layer exists.
 Result<fs3::LayerManifest> ensureBusyboxLayer(fs3::LayerStore& store, const fs3::LayerRef& ref);
-// Writes such a rootfs into dir (which must exist and be empty).
-Status writeBusyboxRootfs(const std::string& dir);
 
 // True if the layer is mounted now (<root>/mnt/NAME/VERSION appears in /proc/self/mountinfo).
 bool isLayerMounted(const fs3::LayerStore& store, const fs3::LayerRef& ref);

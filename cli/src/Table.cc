@@ -25,7 +25,7 @@ std::string formatAge(double seconds) {
   auto whole = static_cast<long long>(seconds);
   if (whole < 120) return std::to_string(whole) + "s";
   if (whole < 7200) return std::to_string(whole / 60) + "m";
-  if (whole < 2 * 86400) return std::to_string(whole / 3600) + "h";
+  if (whole < 2LL * 86400) return std::to_string(whole / 3600) + "h";
   return std::to_string(whole / 86400) + "d";
 }
 

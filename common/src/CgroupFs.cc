@@ -10,6 +10,7 @@
 
 #include "dsec/common/Cgroup.h"
 #include "dsec/common/Fd.h"
+#include "dsec/common/Strings.h"
 
 namespace dsec {
 namespace {
@@ -41,22 +42,7 @@ class RealCgroupFs final : public CgroupFs {
     return okStatus();
   }
 
-  Result<std::string> readFile(const std::string& path) override {
-    UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-    if (!fd) return Error::sys(errno, "open " + path);
-    std::string out;
-    char buf[4096];
-    for (;;) {
-      ssize_t n = ::read(fd.get(), buf, sizeof buf);
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        return Error::sys(errno, "read " + path);
-      }
-      if (n == 0) break;
-      out.append(buf, static_cast<size_t>(n));
-    }
-    return out;
-  }
+  Result<std::string> readFile(const std::string& path) override { return ::dsec::readFile(path); }
 
   Result<std::vector<std::string>> listDirs(const std::string& path) override {
     DIR* dir = ::opendir(path.c_str());

@@ -32,11 +32,17 @@ void setLogLevel(LogLevel level) { g_level.store(static_cast<int>(level)); }
 LogLevel logLevel() { return static_cast<LogLevel>(g_level.load()); }
 
 bool parseLogLevel(const std::string& name, LogLevel* out) {
-  if (name == "debug") *out = LogLevel::kDebug;
-  else if (name == "info") *out = LogLevel::kInfo;
-  else if (name == "warn") *out = LogLevel::kWarn;
-  else if (name == "error") *out = LogLevel::kError;
-  else return false;
+  if (name == "debug") {
+    *out = LogLevel::kDebug;
+  } else if (name == "info") {
+    *out = LogLevel::kInfo;
+  } else if (name == "warn") {
+    *out = LogLevel::kWarn;
+  } else if (name == "error") {
+    *out = LogLevel::kError;
+  } else {
+    return false;
+  }
   return true;
 }
 

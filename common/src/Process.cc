@@ -111,8 +111,8 @@ Result<CommandResult> runCommand(const std::vector<std::string>& argv, const Com
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
   if (timed_out) {
-    return Error(ErrorCode::kTimeout, describeCommand(argv) + " timed out after " +
-                                          std::to_string(options.timeout_seconds) + " s");
+    return Error(ErrorCode::kTimeout,
+                 describeCommand(argv) + " timed out after " + std::to_string(options.timeout_seconds) + " s");
   }
   if (WIFEXITED(status)) {
     result.exit_code = WEXITSTATUS(status);

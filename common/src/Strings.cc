@@ -22,8 +22,11 @@ Result<int64_t> parseByteSize(std::string_view text) {
   bool seen_digit = false;
   bool seen_dot = false;
   while (i < s.size() && (std::isdigit(static_cast<unsigned char>(s[i])) || (s[i] == '.' && !seen_dot))) {
-    if (s[i] == '.') seen_dot = true;
-    else seen_digit = true;
+    if (s[i] == '.') {
+      seen_dot = true;
+    } else {
+      seen_digit = true;
+    }
     ++i;
   }
   if (!seen_digit) return Error::invalid("size '" + s + "' must start with a non-negative number (e.g. 512M)");
@@ -36,12 +39,19 @@ Result<int64_t> parseByteSize(std::string_view text) {
   std::string suffix = s.substr(i);
   for (auto& c : suffix) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   double mult = 1;
-  if (suffix.empty() || suffix == "b") mult = 1;
-  else if (suffix == "k" || suffix == "kb" || suffix == "kib") mult = 1024.0;
-  else if (suffix == "m" || suffix == "mb" || suffix == "mib") mult = 1024.0 * 1024;
-  else if (suffix == "g" || suffix == "gb" || suffix == "gib") mult = 1024.0 * 1024 * 1024;
-  else if (suffix == "t" || suffix == "tb" || suffix == "tib") mult = 1024.0 * 1024 * 1024 * 1024;
-  else return Error::invalid("size '" + s + "' has an unknown unit '" + suffix + "' (use K, M, G or T)");
+  if (suffix.empty() || suffix == "b") {
+    mult = 1;
+  } else if (suffix == "k" || suffix == "kb" || suffix == "kib") {
+    mult = 1024.0;
+  } else if (suffix == "m" || suffix == "mb" || suffix == "mib") {
+    mult = 1024.0 * 1024;
+  } else if (suffix == "g" || suffix == "gb" || suffix == "gib") {
+    mult = 1024.0 * 1024 * 1024;
+  } else if (suffix == "t" || suffix == "tb" || suffix == "tib") {
+    mult = 1024.0 * 1024 * 1024 * 1024;
+  } else {
+    return Error::invalid("size '" + s + "' has an unknown unit '" + suffix + "' (use K, M, G or T)");
+  }
   double bytes = number * mult;
   if (!std::isfinite(bytes) || bytes > 9.0e18) return Error::invalid("size '" + s + "' is too large");
   return static_cast<int64_t>(bytes);

@@ -53,9 +53,14 @@ Result<StagingDir> StagingDir::create(const std::string& layers_dir) {
 
 StagingDir::~StagingDir() {
   if (path_.empty()) return;
-  detachMountsUnder(path_);
-  Status st = removeTree(path_);
-  if (!st.ok()) DSEC_LOG(kWarn, "fs3") << "removing staging dir: " << st.error().message();
+  // A destructor must not throw (string building and logging can): on failure the directory stays behind and
+  // removeStaleStagingDirs() takes it on the next start, as after a crash.
+  try {
+    detachMountsUnder(path_);
+    Status st = removeTree(path_);
+    if (!st.ok()) DSEC_LOG(kWarn, "fs3") << "removing staging dir: " << st.error().message();
+  } catch (...) {
+  }
 }
 
 Status StagingDir::publish(const std::string& dest) {

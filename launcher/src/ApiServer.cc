@@ -308,6 +308,42 @@ void ApiServer::dispatch(HttpExchange& ex, const RouteMatch& m) {
       return getTar(ex, m);
     case Op::kPutTar:
       return putTar(ex, m);
+    case Op::kListSessions:
+      ex.sendJson(200, agent_->listSessions());
+      return;
+    case Op::kGetSession:
+    case Op::kDeleteSession: {
+      auto r = m.op == Op::kGetSession ? agent_->getSession(m.session) : agent_->deleteSession(m.session);
+      if (!r.ok()) return sendResultError(ex, r.error());
+      ex.sendJson(200, *r);
+      return;
+    }
+    case Op::kPutSession:
+    case Op::kAttachSession: {
+      // Both bodies are optional: no body (or an empty one) means "all defaults".
+      json body = json::object();
+      if (ex.hasBody()) {
+        bool too_large = false;
+        auto text = ex.readBody(kJsonBodyLimit, &too_large);
+        if (!text.ok()) {
+          if (too_large) return ex.sendError(413, "too_large", text.error().message());
+          if (!ex.broken()) sendResultError(ex, text.error());
+          return;
+        }
+        if (!text->empty()) {
+          auto parsed = parseJsonObject(*text);
+          if (!parsed.ok()) return sendResultError(ex, parsed.error());
+          body = std::move(*parsed);
+        }
+      }
+      bool put = m.op == Op::kPutSession;
+      auto settings = parseSessionSettings(body, /*allow_retention=*/put);
+      if (!settings.ok()) return sendResultError(ex, settings.error());
+      auto r = put ? agent_->putSession(m.session, *settings) : agent_->attachSession(m.session, settings->lease);
+      if (!r.ok()) return sendResultError(ex, r.error());
+      ex.sendJson(200, *r);
+      return;
+    }
     case Op::kRemoveFile:
     case Op::kListDir:
     case Op::kStatFile: {

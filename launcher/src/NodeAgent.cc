@@ -35,7 +35,8 @@ json paramsToJson(const CreateParams& p) {
               {"idle_timeout", p.idle_timeout},
               {"network", networkName(p.network)},
               {"env", p.env},
-              {"labels", p.labels}};
+              {"labels", p.labels},
+              {"session", p.session.empty() ? json(nullptr) : json(p.session)}};
 }
 
 // The inverse of paramsToJson for a state file written by an earlier agent (trusted, but still checked).
@@ -56,37 +57,11 @@ Result<CreateParams> paramsFromState(const json& j) {
     p.network = j.value("network", "none") == "host" ? backends::NetworkMode::kHost : backends::NetworkMode::kNone;
     p.env = j.value("env", std::map<std::string, std::string>{});
     p.labels = j.value("labels", std::map<std::string, std::string>{});
+    if (j.contains("session") && j["session"].is_string()) p.session = j["session"].get<std::string>();
   } catch (const json::exception& e) {
     return Error::invalid(std::string("bad state file: ") + e.what());
   }
   return p;
-}
-
-// temp file + rename, without fsync: the rename protects against an agent crash, and a state file only
-// matters while its sandbox lives, which no power loss survives. fsync would cost every create milliseconds.
-Status writeStateFile(const std::string& path, const std::string& text) {
-  std::string tmp = path + ".tmp-" + randomHex(8);
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  if (fd < 0) return Error::sys(errno, "open " + tmp);
-  size_t off = 0;
-  while (off < text.size()) {
-    ssize_t n = ::write(fd, text.data() + off, text.size() - off);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      int err = n < 0 ? errno : EIO;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      return Error::sys(err, "write " + tmp);
-    }
-    off += static_cast<size_t>(n);
-  }
-  ::close(fd);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    int err = errno;
-    ::unlink(tmp.c_str());
-    return Error::sys(err, "rename " + tmp);
-  }
-  return okStatus();
 }
 
 int64_t physicalMemory() {
@@ -167,7 +142,9 @@ Result<std::unique_ptr<NodeAgent>> NodeAgent::start(const NodeOptions& options, 
   if (!agent->unavailable_reason_.empty()) {
     DSEC_LOG(kWarn, kLog) << agent->unavailable_reason_ << " (creates will get 501)";
   }
+  agent->sessions_ = std::make_unique<SessionTable>(options.root + "/state/sessions");
   if (agent->backend_) agent->adoptAll();
+  agent->loadSessions();
   agent->reaper_ = std::thread([a = agent.get()] { a->reaperLoop(); });
   return agent;
 }
@@ -236,6 +213,7 @@ Status NodeAgent::persist(SandboxRecord& rec) {
   state["id"] = rec.id;
   state["created_unix"] = rec.created_unix;
   state["paused"] = rec.sandbox->state() == backends::SandboxState::kPaused;
+  state["paused_by"] = state["paused"].get<bool>() && !rec.paused_by.empty() ? json(rec.paused_by) : json(nullptr);
   state["backend_state"] = rec.sandbox->persistentState();
   return writeStateFile(statePath(rec.id), state.dump());
 }
@@ -267,6 +245,9 @@ Result<json> NodeAgent::create(const CreateParams& params) {
     return e;
   };
 
+  if (!params.session.empty()) {
+    if (auto st = sessions_->checkJoinable(params.session); !st.ok()) return fail(st.error());
+  }
   if (auto st = store_.checkImage(params.layers); !st.ok()) return fail(st.error());
   auto rec = std::make_shared<SandboxRecord>();
   rec->id = options_.node_name + "-" + randomHex(16);
@@ -298,6 +279,14 @@ Result<json> NodeAgent::create(const CreateParams& params) {
     (void)rec->sandbox->destroy();
     return fail(st.error().wrap("persisting sandbox state"));
   }
+  if (!params.session.empty()) {
+    // After the sandbox's own state file, so a crash in between leaves a member the restart's reconcile adds.
+    if (auto st = sessions_->addSandbox(params.session, rec->id); !st.ok()) {
+      (void)rec->sandbox->destroy();
+      ::unlink(statePath(rec->id).c_str());
+      return fail(st.error());
+    }
+  }
   json info;
   {
     std::lock_guard rec_lock(rec->mu);
@@ -323,6 +312,8 @@ json NodeAgent::infoLocked(SandboxRecord& rec) {
   j["created"] = rfc3339(rec.created_unix);
   j["created_unix"] = rec.created_unix;
   j["last_active_unix"] = rec.last_active_unix.load();
+  bool paused = rec.sandbox->state() == backends::SandboxState::kPaused;
+  j["paused_by"] = paused ? json(rec.paused_by.empty() ? "user" : rec.paused_by) : json(nullptr);
   json usage = {{"memory_bytes", 0}, {"pids", 0}, {"cpu_usec", 0}, {"oom_kills", 0}};
   if (auto u = rec.sandbox->usage(); u.ok()) {
     usage = {
@@ -377,6 +368,7 @@ Status NodeAgent::destroy(const std::string& id, const std::string& reason) {
   if (::unlink(statePath(id).c_str()) != 0 && errno != ENOENT) {
     DSEC_LOG(kWarn, kLog) << "removing state of " << id << ": " << strerror(errno);
   }
+  if (!rec->params.session.empty()) sessions_->removeSandbox(rec->params.session, id);
   metrics_->destroys_total++;
   if (reason == "request") {
     DSEC_LOG(kDebug, kLog) << "destroyed " << id;
@@ -393,6 +385,7 @@ Result<json> NodeAgent::pause(const std::string& id) {
   if (rec->destroyed) return Error::notFound("no sandbox " + id);
   if (rec->sandbox->state() != backends::SandboxState::kPaused) {
     DSEC_TRY(rec->sandbox->pause());
+    rec->paused_by = "user";
     if (auto st = persist(*rec); !st.ok())
       DSEC_LOG(kWarn, kLog) << "persisting " << id << ": " << st.error().toString();
   }
@@ -406,6 +399,7 @@ Result<json> NodeAgent::resume(const std::string& id) {
   if (rec->destroyed) return Error::notFound("no sandbox " + id);
   if (rec->sandbox->state() == backends::SandboxState::kPaused) {
     DSEC_TRY(rec->sandbox->resume());
+    rec->paused_by.clear();
     if (auto st = persist(*rec); !st.ok())
       DSEC_LOG(kWarn, kLog) << "persisting " << id << ": " << st.error().toString();
   }
@@ -420,7 +414,10 @@ Result<SandboxLease> NodeAgent::use(const std::string& id) {
   if (rec->destroyed) return Error::notFound("no sandbox " + id);
   auto state = rec->sandbox->state();
   if (state == backends::SandboxState::kPaused) {
+    // Transparent resume, also of a sandbox paused because its session's lease lapsed.
     DSEC_TRY(rec->sandbox->resume());
+    if (rec->paused_by == "lease") DSEC_LOG(kInfo, kLog) << "resumed " << id << " (paused by its session's lease)";
+    rec->paused_by.clear();
     if (auto st = persist(*rec); !st.ok())
       DSEC_LOG(kWarn, kLog) << "persisting " << id << ": " << st.error().toString();
   } else if (state == backends::SandboxState::kStopped) {
@@ -497,6 +494,11 @@ void NodeAgent::adoptAll() {
     rec->touch();
     rec->mount = std::move(mount);
     rec->sandbox = std::move(sandbox);
+    if (rec->sandbox->state() == backends::SandboxState::kPaused) {
+      rec->paused_by = state.contains("paused_by") && state["paused_by"].is_string()
+                           ? state["paused_by"].get<std::string>()
+                           : "user";
+    }
     {
       std::lock_guard lock(mu_);
       sandboxes_[id] = rec;
@@ -532,9 +534,121 @@ void NodeAgent::reaperLoop() {
     reaper_cv_.wait_for(lock, std::chrono::duration<double>(options_.reaper_interval_seconds));
     if (stopping_) break;
     lock.unlock();
+    reapSessions();
     reapExpired();
     lock.lock();
   }
+}
+
+void NodeAgent::loadSessions() {
+  if (auto st = sessions_->load(); !st.ok()) {
+    DSEC_LOG(kWarn, kLog) << "loading sessions: " << st.error().toString();
+  }
+  // Without a backend nothing was adopted, and reconciling would empty every session: keep them as they are.
+  if (!backend_) return;
+  std::map<std::string, std::string> members;
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& [id, rec] : sandboxes_) {
+      if (!rec->params.session.empty()) members[id] = rec->params.session;
+    }
+  }
+  sessions_->reconcile(members, wallSeconds());
+}
+
+void NodeAgent::pauseForLease(const std::string& id, const std::string& session) {
+  auto rec = find(id);
+  if (!rec) return;
+  std::lock_guard lock(rec->mu);
+  if (rec->destroyed) return;
+  if (rec->sandbox->state() == backends::SandboxState::kRunning) {
+    if (auto st = rec->sandbox->pause(); !st.ok()) {
+      DSEC_LOG(kWarn, kLog) << "pausing " << id << " (session " << session << " lapsed): " << st.error().toString();
+      return;
+    }
+    rec->paused_by = "lease";
+    if (auto st = persist(*rec); !st.ok())
+      DSEC_LOG(kWarn, kLog) << "persisting " << id << ": " << st.error().toString();
+  }
+  if (rec->sandbox->state() != backends::SandboxState::kPaused) return;
+  // Frozen processes cannot touch their pages, so what the kernel pushes out now stays out until resume.
+  if (auto st = rec->sandbox->reclaimMemory(); !st.ok()) {
+    DSEC_LOG(kDebug, kLog) << "reclaiming memory of " << id << ": " << st.error().toString();
+  }
+}
+
+void NodeAgent::reapSessions() {
+  auto due = sessions_->tick(wallSeconds());
+  for (const auto& [name, ids] : due.lapsed) {
+    for (const auto& id : ids) pauseForLease(id, name);
+  }
+  for (const auto& [name, ids] : due.expired) {
+    int destroyed = 0;
+    for (const auto& id : ids) {
+      if (destroy(id, "retention of session " + name + " passed").ok()) {
+        ++destroyed;
+        metrics_->reaped_total++;
+      }
+    }
+    sessions_->erase(name);
+    DSEC_LOG(kInfo, kLog) << "session " << name << " dropped: lapsed for its whole retention, destroyed " << destroyed
+                          << " sandbox(es)";
+  }
+}
+
+Result<json> NodeAgent::putSession(const std::string& name, const SessionSettings& settings) {
+  DSEC_ASSIGN_OR_RETURN(Session s, sessions_->put(name, settings, wallSeconds()));
+  return s.toJson();
+}
+
+Result<json> NodeAgent::getSession(const std::string& name) {
+  DSEC_ASSIGN_OR_RETURN(Session s, sessions_->get(name));
+  return s.toJson();
+}
+
+json NodeAgent::listSessions() {
+  json out = json::array();
+  for (const auto& s : sessions_->list()) out.push_back(s.toJson());
+  return json{{"sessions", out}};
+}
+
+Result<json> NodeAgent::attachSession(const std::string& name, std::optional<double> lease) {
+  DSEC_ASSIGN_OR_RETURN(Session s, sessions_->renew(name, lease, wallSeconds()));
+  json out = s.toJson();
+  json infos = json::array();
+  // Sandboxes stay paused: the first exec or file request to each resumes it.
+  for (const auto& id : s.sandboxes) {
+    if (auto i = info(id); i.ok()) infos.push_back(std::move(*i));
+  }
+  out["sandbox_infos"] = std::move(infos);
+  return out;
+}
+
+Result<json> NodeAgent::deleteSession(const std::string& name) {
+  DSEC_ASSIGN_OR_RETURN(auto ids, sessions_->beginDelete(name));
+  int destroyed = 0;
+  std::optional<Error> failure;
+  for (const auto& id : ids) {
+    auto st = destroy(id, "session " + name + " deleted");
+    if (st.ok()) {
+      ++destroyed;
+    } else if (st.error().code() != ErrorCode::kNotFound && !failure) {
+      failure = st.error();
+    }
+  }
+  if (failure) {
+    // Keep the session (with what is left of it) so the delete can be retried.
+    sessions_->cancelDelete(name);
+    return failure->wrap("deleting session " + name);
+  }
+  sessions_->erase(name);
+  DSEC_LOG(kInfo, kLog) << "session " << name << " deleted with " << destroyed << " sandbox(es)";
+  return json{{"name", name}, {"destroyed", destroyed}};
+}
+
+bool NodeAgent::pausedByLease(SandboxRecord& rec) {
+  std::lock_guard lock(rec.mu);
+  return !rec.destroyed && rec.paused_by == "lease" && rec.sandbox->state() == backends::SandboxState::kPaused;
 }
 
 void NodeAgent::reapExpired() {
@@ -549,7 +663,7 @@ void NodeAgent::reapExpired() {
     if (rec->params.timeout > 0 && now_wall - rec->created_unix >= rec->params.timeout) {
       reason = "timeout of " + std::to_string(rec->params.timeout) + " s reached";
     } else if (rec->params.idle_timeout > 0 && rec->active.load() == 0 &&
-               now_mono - rec->last_active_mono.load() >= rec->params.idle_timeout) {
+               now_mono - rec->last_active_mono.load() >= rec->params.idle_timeout && !pausedByLease(*rec)) {
       reason = "idle for " + std::to_string(rec->params.idle_timeout) + " s";
     }
     if (reason.empty()) continue;
@@ -604,7 +718,7 @@ Result<json> NodeAgent::layers() {
 }
 
 void NodeAgent::renderGauges(std::string* out) {
-  int64_t running = 0, paused = 0, stopped = 0, committed = 0;
+  int64_t running = 0, paused = 0, stopped = 0, committed = 0, paused_by_lease = 0;
   std::vector<std::shared_ptr<SandboxRecord>> recs;
   {
     std::lock_guard lock(mu_);
@@ -620,6 +734,7 @@ void NodeAgent::renderGauges(std::string* out) {
         break;
       case backends::SandboxState::kPaused:
         ++paused;
+        if (rec->paused_by == "lease") ++paused_by_lease;
         break;
       case backends::SandboxState::kStopped:
         ++stopped;
@@ -642,6 +757,15 @@ void NodeAgent::renderGauges(std::string* out) {
   *out += "dsec_node_memory_committed_bytes " + std::to_string(committed) + "\n";
   *out += "# HELP dsec_node_memory_bytes Physical memory of the node.\n# TYPE dsec_node_memory_bytes gauge\n";
   *out += "dsec_node_memory_bytes " + std::to_string(node_memory_bytes_) + "\n";
+  *out += "# HELP dsec_sessions Sessions by state.\n# TYPE dsec_sessions gauge\n";
+  *out += "dsec_sessions{state=\"active\"} " + std::to_string(sessions_->countActive()) + "\n";
+  *out += "dsec_sessions{state=\"lapsed\"} " + std::to_string(sessions_->countLapsed()) + "\n";
+  *out += "# HELP dsec_session_lapses_total Session leases that lapsed.\n# TYPE dsec_session_lapses_total counter\n";
+  *out += "dsec_session_lapses_total " + std::to_string(sessions_->lapsesTotal()) + "\n";
+  *out +=
+      "# HELP dsec_sandboxes_paused_by_lease Sandboxes paused because their session's lease lapsed.\n"
+      "# TYPE dsec_sandboxes_paused_by_lease gauge\n";
+  *out += "dsec_sandboxes_paused_by_lease " + std::to_string(paused_by_lease) + "\n";
 }
 
 }  // namespace dsec::launcher

@@ -5,6 +5,7 @@
 #include <set>
 
 #include "dsec/common/Strings.h"
+#include "dsec/launcher/Sessions.h"
 
 namespace dsec::launcher {
 namespace {
@@ -161,7 +162,7 @@ Result<std::map<std::string, std::string>> parseLabelsField(const json& v) {
 Result<CreateParams> parseCreateRequest(const json& body, int64_t node_memory_bytes) {
   if (!body.is_object()) return Error::invalid("request body must be a JSON object");
   DSEC_TRY(checkKnownKeys(body, {"image", "backend", "cpus", "memory", "disk", "pids", "timeout", "idle_timeout", "env",
-                                 "labels", "network"}));
+                                 "labels", "network", "session"}));
   CreateParams p;
   if (!body.contains("image")) return fieldError("image", "required");
   DSEC_ASSIGN_OR_RETURN(std::string image, stringField(body["image"], "image"));
@@ -227,6 +228,10 @@ Result<CreateParams> parseCreateRequest(const json& body, int64_t node_memory_by
     } else {
       return fieldError("network", "expected \"none\" or \"host\", got \"" + net + "\"");
     }
+  }
+  if (body.contains("session") && !body["session"].is_null()) {
+    DSEC_ASSIGN_OR_RETURN(p.session, stringField(body["session"], "session"));
+    if (auto st = validateSessionName(p.session); !st.ok()) return fieldError("session", st.error().message());
   }
   return p;
 }

@@ -1,6 +1,7 @@
 #include "dsec/launcher/Router.h"
 
 #include "dsec/common/Strings.h"
+#include "dsec/launcher/Sessions.h"
 
 namespace dsec::launcher {
 namespace {
@@ -141,6 +142,25 @@ RouteMatch matchRoute(http::verb method, std::string_view target) {
       m.sandbox_id = std::move(id);
     }
   }
+  if (is({"v1", "sessions"})) {
+    candidates = {{http::verb::get, Op::kListSessions}};
+  } else if (is({"v1", "sessions", "*"}) || is({"v1", "sessions", "*", "attach"})) {
+    if (segs.size() == 3) {
+      candidates = {{http::verb::get, Op::kGetSession},
+                    {http::verb::put, Op::kPutSession},
+                    {http::verb::delete_, Op::kDeleteSession}};
+    } else {
+      candidates = {{http::verb::post, Op::kAttachSession}};
+    }
+    std::string name;
+    if (!percentDecode(segs[2], &name)) name = segs[2];
+    if (auto st = validateSessionName(name); !st.ok()) {
+      m.error_status = 400;
+      m.error = st.error().message();
+      return m;
+    }
+    m.session = std::move(name);
+  }
   if (candidates.empty()) {
     m.error_status = 404;
     m.error = "no route " + std::string(path);
@@ -168,6 +188,8 @@ BodyKind bodyKind(Op op) {
     case Op::kCreateSandbox:
     case Op::kExec:
     case Op::kExecStream:
+    case Op::kPutSession:
+    case Op::kAttachSession:
       return BodyKind::kJson;
     case Op::kWriteFile:
     case Op::kPutTar:
@@ -217,6 +239,16 @@ const char* opName(Op op) {
       return "get-tar";
     case Op::kPutTar:
       return "put-tar";
+    case Op::kListSessions:
+      return "list-sessions";
+    case Op::kPutSession:
+      return "put-session";
+    case Op::kGetSession:
+      return "get-session";
+    case Op::kDeleteSession:
+      return "delete-session";
+    case Op::kAttachSession:
+      return "attach-session";
   }
   return "?";
 }

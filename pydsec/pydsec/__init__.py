@@ -7,6 +7,10 @@
         r = sb.exec("python3 -c 'print(6*7)'", timeout=10)
         print(r.exit_code, r.stdout)
 
+Sandboxes that must survive the trainer's preemption belong to a session (a lease renewed in the background):
+``session = client.session("run-42", lease=60)``, ``session.create(...)``, and after a requeue
+``client.session("run-42").attach()`` (see :mod:`pydsec.session`).
+
 The asyncio flavour with the same names is :mod:`pydsec.aio`.
 
 Errors derive from :class:`DsecError` (``.code``, ``.status``, ``.message``). The timeout and connection errors
@@ -15,6 +19,7 @@ they also derive from the builtin ``TimeoutError`` and ``ConnectionError``.
 """
 
 from .client import Client, ExecStream, Sandbox
+from .session import Session
 from .errors import (AuthError, CapacityError, ConflictError, DsecConnectionError, DsecError, DsecTimeoutError,
                      InvalidRequestError, NotFoundError, ServerError, TooLargeError, UnsupportedError)
 from ._tar import UnsafeArchiveError
@@ -23,7 +28,7 @@ from .results import ExecResult
 __version__ = "0.1.0"
 
 __all__ = [
-    "Client", "Sandbox", "ExecStream", "ExecResult", "DsecError", "InvalidRequestError", "TooLargeError",
+    "Client", "Sandbox", "Session", "ExecStream", "ExecResult", "DsecError", "InvalidRequestError", "TooLargeError",
     "AuthError", "NotFoundError", "ConflictError", "CapacityError", "UnsupportedError", "DsecTimeoutError",
     "ServerError", "DsecConnectionError", "UnsafeArchiveError", "__version__",
 ]

@@ -14,6 +14,7 @@ from .errors import InvalidRequestError
 
 _SIZE_RE = re.compile(r"^\s*\d+(\.\d+)?\s*([kKmMgGtT]i?[bB]?|[bB])?\s*$")
 _MODE_RE = re.compile(r"^0?[0-7]{3,4}$")
+_SESSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
 def _fail(message: str) -> None:
@@ -93,8 +94,28 @@ def sandbox_id(value: Any) -> str:
     return value
 
 
+def session_name(value: Any) -> str:
+    if not isinstance(value, str) or not _SESSION_RE.match(value):
+        _fail(f"invalid session name {value!r}: it must match [A-Za-z0-9][A-Za-z0-9._-]{{0,63}}")
+    return value
+
+
+def session_lease(value: Any) -> Union[int, float]:
+    number("lease", value)
+    if not 1 <= value <= 86400:
+        _fail(f"lease must be between 1 and 86400 seconds, got {value}")
+    return value
+
+
+def session_retention(value: Any) -> Union[int, float]:
+    number("retention", value)
+    if value > 604800:
+        _fail(f"retention must be between 0 and 604800 seconds, got {value}")
+    return value
+
+
 def create_body(image: Any, backend: Any, cpus: Any, memory: Any, disk: Any, pids: Any, timeout: Any,
-                idle_timeout: Any, env: Any, labels: Any, network: Any) -> Dict[str, Any]:
+                idle_timeout: Any, env: Any, labels: Any, network: Any, session: Any = None) -> Dict[str, Any]:
     if not isinstance(image, str) or not image.strip():
         _fail("image must be a non-empty str like 'debian:12+python:3.11'")
     if not isinstance(backend, str) or not backend:
@@ -120,6 +141,8 @@ def create_body(image: Any, backend: Any, cpus: Any, memory: Any, disk: Any, pid
         if not isinstance(network, str):
             _fail("network must be 'none' or 'host'")
         body["network"] = network
+    if session is not None:
+        body["session"] = session_name(session)
     return body
 
 

@@ -19,10 +19,11 @@ import asyncio
 import functools
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Dict, List, Optional, Tuple, TypeVar, Union
+from typing import Any, Awaitable, Callable, Dict, List, Optional, Tuple, TypeVar, Union
 
 from . import _validate as v
 from . import client as _sync
+from . import session as _sync_session
 from .errors import (AuthError, CapacityError, ConflictError, DsecConnectionError, DsecError, DsecTimeoutError,
                      InvalidRequestError, NotFoundError, ServerError, TooLargeError, UnsupportedError)
 from .results import ExecResult
@@ -31,7 +32,7 @@ T = TypeVar("T")
 _END = object()
 
 __all__ = [
-    "Client", "Sandbox", "ExecStream", "ExecResult", "DsecError", "InvalidRequestError", "TooLargeError",
+    "Client", "Sandbox", "Session", "ExecStream", "ExecResult", "DsecError", "InvalidRequestError", "TooLargeError",
     "AuthError", "NotFoundError", "ConflictError", "CapacityError", "UnsupportedError", "DsecTimeoutError",
     "ServerError", "DsecConnectionError",
 ]
@@ -189,17 +190,148 @@ class _CreateCall:
         self._client = client
         self._kwargs = kwargs
         self._sandbox: Optional[Sandbox] = None
+        # Awaited before the create (a session's create first makes sure its session exists).
+        self._before: Optional[Callable[[], Awaitable[Any]]] = None
+
+    async def _make(self) -> Sandbox:
+        if self._before is not None:
+            await self._before()
+        return await self._client._create(self._kwargs)
 
     def __await__(self):
-        return self._client._create(self._kwargs).__await__()
+        return self._make().__await__()
 
     async def __aenter__(self) -> Sandbox:
-        self._sandbox = await self._client._create(self._kwargs)
+        self._sandbox = await self._make()
         return self._sandbox
 
     async def __aexit__(self, *exc: Any) -> None:
         if self._sandbox is not None:
             await self._sandbox.__aexit__(*exc)
+
+
+class Session:
+    """Async session; see :class:`pydsec.Session`. ``client.session(...)`` makes no request by itself:
+
+        session = await client.session("run-42", lease=60)      # PUT, then renewed by an asyncio task
+        async with client.session("run-42", lease=60) as session: ...   # stops renewing on exit
+        sandboxes = await client.session("run-42").attach()     # after a requeue
+
+    The renewal task lives on the running event loop; ``await session.aclose()`` (or ``close()``) stops it.
+    """
+
+    def __init__(self, client: "Client", name: str, lease: float = 60, retention: Optional[float] = None):
+        self._client = client
+        self._sync = _sync_session.Session(client._sync, name, lease, retention)
+        self._started = False
+        self._task: Optional["asyncio.Task[None]"] = None
+
+    def __repr__(self) -> str:
+        state = (self._sync.cached_info or {}).get("state", "?")
+        return f"<pydsec.aio.Session {self.name} {state} lease={self.lease}>"
+
+    @property
+    def name(self) -> str:
+        return self._sync.name
+
+    @property
+    def lease(self) -> float:
+        return self._sync.lease
+
+    @property
+    def retention(self) -> Optional[float]:
+        return self._sync.retention
+
+    @property
+    def cached_info(self) -> Optional[Dict[str, Any]]:
+        return self._sync.cached_info
+
+    @property
+    def last_error(self) -> Optional[DsecError]:
+        return self._sync.last_error
+
+    @property
+    def renewing(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    async def _ensure(self) -> "Session":
+        if not self._started:
+            await self._client._run(self._sync._put)
+            self._started = True
+            self._start_renewal()
+        return self
+
+    def __await__(self):
+        return self._ensure().__await__()
+
+    async def __aenter__(self) -> "Session":
+        return await self._ensure()
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
+
+    async def renew(self) -> Dict[str, Any]:
+        return await self._client._run(self._sync.renew)
+
+    async def info(self) -> Dict[str, Any]:
+        return await self._client._run(self._sync.info)
+
+    async def sandboxes(self) -> List[Sandbox]:
+        return [Sandbox(self._client, sb) for sb in await self._client._run(self._sync.sandboxes)]
+
+    def create(self, image: str, **kwargs: Any) -> _CreateCall:
+        """Same as ``client.create(...)`` (await it or ``async with`` it), in this session."""
+        if "session" in kwargs:
+            v._fail("session.create() sets 'session' itself")
+        call = self._client.create(image, session=self.name, **kwargs)
+        call._before = self._ensure
+        return call
+
+    async def attach(self, lease: Optional[float] = None) -> List[Sandbox]:
+        """Renew (creating the session if it is gone), return its sandboxes and keep renewing."""
+        if not self._started:
+            await self._client._run(self._sync._put)
+            self._started = True
+        sandboxes = await self._client._run(self._sync._attach, lease)
+        self._start_renewal()
+        return [Sandbox(self._client, sb) for sb in sandboxes]
+
+    def _start_renewal(self) -> None:
+        if not self.renewing:
+            self._task = asyncio.get_running_loop().create_task(self._renew_loop(),
+                                                                name=f"pydsec-session-{self.name}")
+
+    async def _renew_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._sync._interval())
+            try:
+                await self._client._run(self._sync._put)
+                self._sync.last_error = None
+            except ConflictError as e:  # being deleted
+                self._sync.last_error = e
+                return
+            except DsecError as e:
+                self._sync.last_error = e
+
+    def close(self) -> None:
+        """Stop renewing (the sandboxes stay, and are paused when the lease lapses)."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+
+    async def aclose(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+
+    async def destroy(self) -> int:
+        """Stop renewing; destroy the session and its sandboxes."""
+        await self.aclose()
+        return await self._client._run(self._sync.destroy)
 
 
 class Client:
@@ -254,12 +386,19 @@ class Client:
                memory: Union[None, int, str] = None, disk: Union[None, int, str] = None, pids: Optional[int] = None,
                timeout: Optional[float] = None, idle_timeout: Optional[float] = None,
                env: Optional[Dict[str, str]] = None, labels: Optional[Dict[str, str]] = None,
-               network: Optional[str] = None) -> _CreateCall:
+               network: Optional[str] = None, session: Optional[str] = None) -> _CreateCall:
         """``sb = await client.create(...)`` or ``async with client.create(...) as sb:``."""
         kwargs = dict(image=image, backend=backend, cpus=cpus, memory=memory, disk=disk, pids=pids, timeout=timeout,
-                      idle_timeout=idle_timeout, env=env, labels=labels, network=network)
+                      idle_timeout=idle_timeout, env=env, labels=labels, network=network, session=session)
         v.create_body(**kwargs)  # argument errors surface at the call, not at the await
         return _CreateCall(self, kwargs)
+
+    def session(self, name: str, lease: float = 60, retention: Optional[float] = None) -> Session:
+        """A session handle (arguments checked now); ``await`` it to create/renew it and start renewing."""
+        return Session(self, name, lease, retention)
+
+    async def sessions(self) -> List[Dict[str, Any]]:
+        return await self._run(self._sync.sessions)
 
     def sandbox(self, sandbox_id: str) -> Sandbox:
         return Sandbox(self, self._sync.sandbox(sandbox_id))

@@ -319,13 +319,34 @@ class Client:
                memory: Union[None, int, str] = None, disk: Union[None, int, str] = None, pids: Optional[int] = None,
                timeout: Optional[float] = None, idle_timeout: Optional[float] = None,
                env: Optional[Dict[str, str]] = None, labels: Optional[Dict[str, str]] = None,
-               network: Optional[str] = None) -> Sandbox:
-        """Create a sandbox and return once it is running. Arguments left as None take the node's defaults."""
-        body = v.create_body(image, backend, cpus, memory, disk, pids, timeout, idle_timeout, env, labels, network)
+               network: Optional[str] = None, session: Optional[str] = None) -> Sandbox:
+        """Create a sandbox and return once it is running. Arguments left as None take the node's defaults.
+
+        ``session`` names an existing, active session the sandbox belongs to (see :meth:`session`).
+        """
+        body = v.create_body(image, backend, cpus, memory, disk, pids, timeout, idle_timeout, env, labels, network,
+                             session)
         info = self._transport.call("POST", "/v1/sandboxes", payload=body)
         if not isinstance(info, dict) or not isinstance(info.get("id"), str):
             raise ServerError(f"create returned no sandbox id: {info!r}")
         return Sandbox(self, info["id"], info)
+
+    def session(self, name: str, lease: float = 60, retention: Optional[float] = None) -> "Session":
+        """Create or renew the session ``name`` now (PUT) and keep renewing its lease in the background.
+
+        Sandboxes made with ``session.create(...)`` belong to it. If this process stops renewing (it was
+        preempted or died), the node pauses them when the lease lapses and keeps them for ``retention``
+        seconds (node default: one hour). ``client.session(name).attach()`` gets them back.
+        """
+        s = Session(self, name, lease, retention)
+        s._put()
+        s._start_renewal()
+        return s
+
+    def sessions(self) -> List[Dict[str, Any]]:
+        """The session objects the fleet knows."""
+        doc = self._transport.call("GET", "/v1/sessions")
+        return list((doc or {}).get("sessions") or [])
 
     def sandbox(self, sandbox_id: str) -> Sandbox:
         """A handle to a sandbox by id, without a request."""
@@ -358,4 +379,6 @@ class Client:
         return self._transport.request("GET", "/metrics").read().decode("utf-8", errors="replace")
 
 
-__all__ = ["Client", "Sandbox", "ExecStream", "ExecResult", "DsecError"]
+from .session import Session  # noqa: E402  (session.py imports this module)
+
+__all__ = ["Client", "Sandbox", "Session", "ExecStream", "ExecResult", "DsecError"]

@@ -138,7 +138,7 @@ std::optional<std::string> jobEnv(spank_t sp, const char* name) {
     spank_err_t rc = spank_getenv(sp, name, buf.data(), static_cast<int>(buf.size()));
     if (rc == ESPANK_SUCCESS) return std::string(buf.data());
     if (rc != ESPANK_NOSPACE) return std::nullopt;
-    buf.resize(256 * 1024);
+    buf.resize(size_t{256} * 1024);
   }
   return std::nullopt;
 }

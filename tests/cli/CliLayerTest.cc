@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "BusyboxRootfs.h"
 #include "CliRunner.h"
 #include "dsec/common/Process.h"
 #include "dsec/common/Strings.h"
@@ -40,7 +41,7 @@ class CliLayer : public ::testing::Test {
   }
   void buildBusyboxBase(const std::string& ref) {
     TempDir tree;
-    writeBusyboxTree(tree.path() + "/rootfs");
+    ASSERT_OK(cli::writeBusyboxRootfs(tree.path() + "/rootfs"));
     auto r = dsec({"layer", "build", ref, "--from-dir", tree.path() + "/rootfs"});
     ASSERT_EQ(r.exit_code, 0) << r.err;
   }

@@ -10,7 +10,6 @@
 
 #include <chrono>
 #include <cstdlib>
-#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
@@ -157,24 +156,6 @@ int pickFreePort() {
   getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
   close(fd);
   return ntohs(addr.sin_port);
-}
-
-void writeBusyboxTree(const std::string& dir) {
-  namespace fs = std::filesystem;
-  for (const char* sub : {"bin", "sbin", "usr/bin", "usr/sbin", "etc", "dev", "proc", "sys", "tmp", "root"}) {
-    fs::create_directories(dir + "/" + sub);
-  }
-  fs::copy_file("/bin/busybox", dir + "/bin/busybox");
-  auto applets = runCommandChecked({"/bin/busybox", "--list-full"});
-  if (!applets.ok()) throw std::runtime_error(applets.error().message());
-  for (const auto& line : split(*applets, '\n')) {
-    std::string applet = trim(line);
-    if (applet.empty() || applet == "bin/busybox") continue;
-    if (fs::exists(fs::symlink_status(dir + "/" + applet))) continue;
-    fs::create_symlink("/bin/busybox", dir + "/" + applet);
-  }
-  std::ofstream(dir + "/etc/motd") << "from the base layer\n";
-  std::ofstream(dir + "/etc/passwd") << "root:x:0:0:root:/root:/bin/sh\n";
 }
 
 }  // namespace dsec::testing

@@ -39,7 +39,5 @@ class BackgroundDsec {
 
 // A TCP port on 127.0.0.1 that was free a moment ago.
 int pickFreePort();
-// A busybox rootfs (bin/busybox + applet symlinks, etc/motd, etc/passwd) written into dir.
-void writeBusyboxTree(const std::string& dir);
 
 }  // namespace dsec::testing

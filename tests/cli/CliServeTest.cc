@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "ApiClient.h"
+#include "BusyboxRootfs.h"
 #include "CliRunner.h"
 #include "dsec/common/Process.h"
 #include "dsec/common/Strings.h"
@@ -23,7 +24,7 @@ class CliServe : public ::testing::Test {
     DSEC_SKIP_UNLESS_ROOT();
     if (findProgram("mkfs.erofs").empty()) GTEST_SKIP() << "mkfs.erofs missing (erofs-utils)";
     TempDir tree;
-    writeBusyboxTree(tree.path() + "/rootfs");
+    ASSERT_OK(cli::writeBusyboxRootfs(tree.path() + "/rootfs"));
     auto built = runDsec({"layer", "build", "bb:1", "--from-dir", tree.path() + "/rootfs", "--root", root_.path()});
     ASSERT_EQ(built.exit_code, 0) << built.err;
 

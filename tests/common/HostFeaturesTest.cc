@@ -1,8 +1,11 @@
 // The host probe against this host, cross-checked by independent means, and the doctor table's wording.
 #include <glob.h>
 #include <gtest/gtest.h>
+#include <sched.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/utsname.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -71,13 +74,29 @@ TEST_F(HostFeaturesTest, ErofsFileBackedMountOnNewKernels) {
     GTEST_SKIP() << "kernel older than 6.12: file-backed EROFS mounts are expected to fail";
   }
   EXPECT_TRUE(features_->erofs_file_mount.ok()) << features_->erofs_file_mount.detail;
-  // The probe's temporary directory and mount are gone (the mount lived in a private namespace).
-  auto mounts = readFile("/proc/self/mountinfo");
-  ASSERT_OK(mounts);
-  EXPECT_EQ(mounts->find("dsec-doctor-"), std::string::npos);
-  glob_t leftovers{};
-  EXPECT_NE(::glob("/tmp/dsec-doctor-*", 0, nullptr, &leftovers), 0) << leftovers.gl_pathv[0];
-  ::globfree(&leftovers);
+  // The probe's temporary directory and mount are gone. Checked in a child with a private /tmp so that
+  // probes run by concurrent tests cannot be mistaken for leftovers of this one.
+  testing::TempDir private_tmp;
+  pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    if (::unshare(CLONE_NEWNS) != 0 || ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
+        ::mount(private_tmp.path().c_str(), "/tmp", nullptr, MS_BIND, nullptr) != 0) {
+      ::_exit(2);
+    }
+    if (!probeHostFeatures().erofs_file_mount.ok()) ::_exit(3);
+    glob_t leftovers{};
+    bool left = ::glob("/tmp/*", 0, nullptr, &leftovers) == 0;
+    ::globfree(&leftovers);
+    if (left) ::_exit(4);
+    auto mounts = readFile("/proc/self/mountinfo");
+    if (!mounts.ok() || mounts->find("dsec-doctor-") != std::string::npos) ::_exit(5);
+    ::_exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "2: no private /tmp, 3: probe failed, 4: a file left in /tmp, 5: a mount left";
 }
 
 TEST_F(HostFeaturesTest, CgroupVersionMatchesTheMounts) {

@@ -1,5 +1,6 @@
-// dsec-sandbox-init: PID 1 of every container sandbox. Started by the agent (clone with new mount, pid,
-// uts, ipc and network namespaces, already attached to the sandbox's cgroup), it reads its setup from fd 3,
+// dsec-sandbox-init: PID 1 of every container sandbox. Started by the agent (clone with new pid, uts, ipc
+// and network namespaces; often ahead of time, waiting in a pool), it reads its setup from fd 3, joins the
+// sandbox's cgroup, unshares its mount namespace,
 // builds the sandbox root (overlay of the layers over a size-limited upper, /proc, /dev, pivot_root),
 // reports "ok" (or the failed step) on fd 4, and then only reaps orphans until the agent SIGKILLs it.
 //
@@ -39,6 +40,8 @@ struct Config {
   const char* lowers[proto::kMaxLowers];
   int nlowers = 0;
   const char* upper_dir = nullptr;
+  const char* cgroup_files[proto::kMaxCgroupFiles];
+  int ncgroup_files = 0;
   long long disk_bytes = 0;
   bool network_host = false;
   const sock_filter* bpf = nullptr;
@@ -146,6 +149,9 @@ void readConfig() {
     } else if (strcmp(p, "lower") == 0) {
       if (g_cfg.nlowers >= proto::kMaxLowers) fail("read_config", E2BIG, "too many layers");
       g_cfg.lowers[g_cfg.nlowers++] = value;
+    } else if (strcmp(p, "cgroup") == 0) {
+      if (g_cfg.ncgroup_files >= proto::kMaxCgroupFiles) fail("read_config", E2BIG, "too many cgroup files");
+      g_cfg.cgroup_files[g_cfg.ncgroup_files++] = value;
     } else if (strcmp(p, "upper_dir") == 0) {
       g_cfg.upper_dir = value;
     } else if (strcmp(p, "disk_bytes") == 0) {
@@ -375,6 +381,19 @@ int main() {
   umask(0);
 
   readConfig();
+  // Into the sandbox cgroup first: everything init does from here on is charged and limited there. A single
+  // thread writing "0" moves just itself (on v1 `tasks` skips the global threadgroup lock).
+  step("join_cgroup");
+  for (int i = 0; i < g_cfg.ncgroup_files; ++i) {
+    int fd = open(g_cfg.cgroup_files[i], O_WRONLY | O_CLOEXEC);
+    check("join_cgroup", fd, "open cgroup file");
+    if (write(fd, "0", 1) != 1) fail("join_cgroup", errno, "join cgroup");
+    close(fd);
+  }
+  // The mount namespace is made only now, so it copies the host's mounts as they are when the sandbox is
+  // created (layers mounted while this init waited in the pool included).
+  step("unshare_mount");
+  check("unshare_mount", unshare(CLONE_NEWNS), "unshare mount namespace");
   step("unshare_cgroup");
   // The agent put us in the sandbox cgroup before sending the config: this makes it our cgroup root.
   check("unshare_cgroup", unshare(CLONE_NEWCGROUP), "unshare cgroup namespace");

@@ -12,8 +12,10 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <optional>
 
 #include "ContainerSandbox.h"
+#include "InitPool.h"
 #include "InitProtocol.h"
 #include "NetnsPool.h"
 #include "SeccompFilter.h"
@@ -74,8 +76,10 @@ Status validateSpec(const SandboxSpec& spec) {
   return okStatus();
 }
 
-std::string buildInitConfig(const SandboxSpec& spec, int64_t disk_bytes, const std::vector<sock_filter>& bpf) {
+std::string buildInitConfig(const SandboxSpec& spec, int64_t disk_bytes, const std::vector<sock_filter>& bpf,
+                            const std::vector<std::string>& cgroup_files) {
   std::string c;
+  for (const auto& f : cgroup_files) c += "cgroup " + f + "\n";
   std::string fault = armedFault();
   if (startsWith(fault, proto::kFaultPrefix)) c += "fail_at " + fault.substr(strlen(proto::kFaultPrefix)) + "\n";
   c += "hostname " + spec.id + "\n";
@@ -89,15 +93,30 @@ std::string buildInitConfig(const SandboxSpec& spec, int64_t disk_bytes, const s
   return c;
 }
 
+// Writes the config to init. An init that died meanwhile (killed from outside while it waited in the pool)
+// must give an error here, not a SIGPIPE that kills the agent: SIGPIPE is blocked around the write and a
+// pending one consumed.
 Status writeAllFd(int fd, const std::string& data) {
+  sigset_t pipe_set, old_set;
+  sigemptyset(&pipe_set);
+  sigaddset(&pipe_set, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &pipe_set, &old_set);
+  Status st = okStatus();
   size_t off = 0;
   while (off < data.size()) {
     ssize_t n = write(fd, data.data() + off, data.size() - off);
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return Error::sys(errno, "send config to init");
+    if (n < 0) {
+      st = Error::sys(errno, "send config to init");
+      break;
+    }
     off += static_cast<size_t>(n);
   }
-  return okStatus();
+  timespec zero{0, 0};
+  while (sigtimedwait(&pipe_set, nullptr, &zero) > 0) {
+  }
+  pthread_sigmask(SIG_SETMASK, &old_set, nullptr);
+  return st;
 }
 
 // Reads init's one status line; an error names the failed step.
@@ -170,7 +189,10 @@ std::string findInit(const ContainerBackendOptions& options) {
 class ContainerBackend : public Backend {
  public:
   explicit ContainerBackend(std::shared_ptr<ContainerShared> shared)
-      : shared_(std::move(shared)), netns_(static_cast<size_t>(std::max(0, shared_->options.netns_pool_size))) {}
+      : shared_(std::move(shared)),
+        netns_(static_cast<size_t>(std::max(0, shared_->options.netns_pool_size))),
+        init_pool_(static_cast<size_t>(std::max(0, shared_->options.init_pool_size)), shared_->options.init_path,
+                   netns_) {}
 
   std::string name() const override { return "container"; }
 
@@ -230,39 +252,25 @@ class ContainerBackend : public Backend {
     if (!made.ok()) return made.error().wrap("create sandbox " + spec.id);
     cgroup = std::move(made).value();
 
-    int config_pipe[2], status_pipe[2];
-    if (pipe2(config_pipe, O_CLOEXEC) < 0) return fail(Error::sys(errno, "pipe"));
-    UniqueFd config_r(config_pipe[0]), config_w(config_pipe[1]);
-    if (pipe2(status_pipe, O_CLOEXEC) < 0) return fail(Error::sys(errno, "pipe"));
-    UniqueFd status_r(status_pipe[0]), status_w(status_pipe[1]);
-
     if (auto s = checkFault("container.clone"); !s.ok()) return fail(s.error());
-    InitSpawnRequest req;
-    req.init_path = shared_->options.init_path;
-    req.procs_files = cgroup->procsFiles();
-    req.namespace_flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWUTS | CLONE_NEWIPC;
-    UniqueFd netns;
-    if (spec.network == NetworkMode::kNone) {
-      netns = netns_.take();
-      if (!netns) req.namespace_flags |= CLONE_NEWNET;
-      req.netns_fd = netns.get();
+    // A pooled init when there is one (network "none"), else one started now.
+    std::optional<IdleInit> idle;
+    if (spec.network == NetworkMode::kNone) idle = init_pool_.take();
+    if (!idle) {
+      auto spawned = spawnIdleInit(shared_->options.init_path, spec.network == NetworkMode::kNone, netns_.take());
+      if (!spawned.ok()) return fail(spawned.error());
+      idle = std::move(spawned).value();
     }
-    req.config_fd = config_r.get();
-    req.status_fd = status_w.get();
-    auto spawned = spawnInit(req);
-    if (!spawned.ok()) return fail(spawned.error());
-    init.pid = spawned->pid;
-    init.pidfd = std::move(spawned->pidfd);
+    init.pid = idle->process.pid;
+    init.pidfd = std::move(idle->process.pidfd);
     init.is_child = true;
-    config_r.reset();
-    status_w.reset();  // init holds the only write end now: EOF means it died
 
     if (auto s = checkFault("container.send_config"); !s.ok()) return fail(s.error());
     int64_t disk = spec.disk_bytes > 0 ? spec.disk_bytes : shared_->options.default_disk_bytes;
-    if (auto s = writeAllFd(config_w.get(), buildInitConfig(spec, disk, shared_->seccomp)); !s.ok()) {
-      return fail(s.error());
-    }
-    config_w.reset();
+    const std::string config = buildInitConfig(spec, disk, shared_->seccomp, cgroupJoinFiles(*cgroup));
+    if (auto s = writeAllFd(idle->config_w.get(), config); !s.ok()) return fail(s.error());
+    idle->config_w.reset();
+    UniqueFd status_r = std::move(idle->status_r);
 
     if (auto s = checkFault("container.wait_ready"); !s.ok()) return fail(s.error());
     if (auto s = waitReady(status_r.get(), kReadyTimeoutSeconds); !s.ok()) return fail(s.error());
@@ -385,6 +393,7 @@ class ContainerBackend : public Backend {
 
   std::shared_ptr<ContainerShared> shared_;
   NetnsPool netns_;
+  InitPool init_pool_;  // after netns_: it takes namespaces from it, and is destroyed first
 };
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <string_view>
 
 #include "SandboxFiles.h"
 #include "dsec/common/Logging.h"
@@ -24,6 +25,17 @@ uint64_t defaultSandboxCaps() {
   uint64_t bits = 0;
   for (int c : kCaps) bits |= 1ULL << c;
   return bits;
+}
+
+std::vector<std::string> cgroupJoinFiles(const Cgroup& cgroup) {
+  constexpr std::string_view kProcs = "/cgroup.procs";
+  std::vector<std::string> files = cgroup.procsFiles();
+  for (auto& f : files) {
+    if (f.size() <= kProcs.size() || f.compare(f.size() - kProcs.size(), kProcs.size(), kProcs) != 0) continue;
+    std::string tasks = f.substr(0, f.size() - kProcs.size()) + "/tasks";
+    if (access(tasks.c_str(), W_OK) == 0) f = std::move(tasks);
+  }
+  return files;
 }
 
 Status killAndWaitInit(InitProcess& init, double timeout_seconds) {
@@ -86,7 +98,7 @@ ContainerSandbox::ContainerSandbox(std::shared_ptr<ContainerShared> shared, Sand
       init_(std::move(init)),
       root_fd_(std::move(root_fd)),
       cgroup_(std::move(cgroup)),
-      procs_files_(cgroup_->procsFiles()),
+      procs_files_(cgroupJoinFiles(*cgroup_)),
       state_(paused ? SandboxState::kPaused : SandboxState::kRunning),
       oom_seen_(oom_kills) {}
 
@@ -175,6 +187,11 @@ Status ContainerSandbox::resume() {
   if (!s.ok()) return s.error().wrap("resume " + spec_.id);
   state_ = SandboxState::kRunning;
   return okStatus();
+}
+
+Status ContainerSandbox::reclaimMemory() {
+  DSEC_ASSIGN_OR_RETURN(Use use, acquire(false));
+  return cgroup_->reclaim();
 }
 
 Status ContainerSandbox::destroy() {

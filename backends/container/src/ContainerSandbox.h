@@ -50,6 +50,7 @@ class ContainerSandbox : public Sandbox {
 
   Result<ExecResult> exec(const ExecRequest& request) override;
   Result<ExecResult> execStream(const ExecRequest& request, ExecSink& sink) override;
+  bool supportsStdinFd() const override { return true; }
 
   Result<UniqueFd> openForRead(const std::string& path) override;
   Result<UniqueFd> openForWrite(const std::string& path, uint32_t mode) override;
@@ -59,6 +60,7 @@ class ContainerSandbox : public Sandbox {
 
   Status pause() override;
   Status resume() override;
+  Status reclaimMemory() override;
   Status destroy() override;
   Result<SandboxUsage> usage() override;
   nlohmann::json persistentState() const override;
@@ -94,6 +96,11 @@ class ContainerSandbox : public Sandbox {
   std::atomic<int64_t> oom_seen_{0};
 };
 
+// The files a freshly cloned (single-threaded) child writes "0" into to join the sandbox cgroup. On cgroup v1
+// that is `tasks`: it moves just the writing thread (for a new child, the whole process) and so skips the
+// global threadgroup rwsem a `cgroup.procs` write takes, whose write side waits for an RCU grace period
+// whenever it was idle (most of the join's cost and all of its multi-millisecond tail). v2 keeps cgroup.procs.
+std::vector<std::string> cgroupJoinFiles(const Cgroup& cgroup);
 // Kills an init (SIGKILL through its pidfd; the kernel then kills its whole pid namespace) and waits until
 // it is gone, reaping it when it is our child.
 Status killAndWaitInit(InitProcess& init, double timeout_seconds);

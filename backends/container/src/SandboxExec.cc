@@ -17,7 +17,7 @@ namespace dsec::backends {
 namespace {
 
 constexpr const char* kDefaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
-constexpr size_t kReadChunk = 64 * 1024;
+constexpr size_t kReadChunk = size_t{64} * 1024;
 // After the command exits, what its background children still write is not waited for; this bounds how
 // long already-buffered output is drained.
 constexpr double kDrainSeconds = 0.2;
@@ -53,6 +53,7 @@ Status validateRequest(const ExecRequest& r) {
   }
   if (r.timeout_seconds < 0) return Error::invalid("timeout must not be negative");
   if (r.output_cap < 0) return Error::invalid("output cap must not be negative");
+  if (r.stdin_fd >= 0 && fcntl(r.stdin_fd, F_GETFD) < 0) return Error::invalid("stdin fd is not open");
   return okStatus();
 }
 
@@ -116,10 +117,16 @@ Result<ExecResult> ContainerSandbox::run(const ExecRequest& request, ExecSink* s
   spawn.seccomp = &shared_->seccomp;
   spawn.keep_caps = shared_->keep_caps;
 
-  DSEC_ASSIGN_OR_RETURN(Pipe in, makePipe());
+  // With a caller's stdin fd (a streamed upload) the command reads it directly: spawnCommand dups it into
+  // the child, the caller's copy stays open and theirs to close, and stdin_data is ignored.
+  const bool caller_stdin = request.stdin_fd >= 0;
+  Pipe in;
+  if (!caller_stdin) {
+    DSEC_ASSIGN_OR_RETURN(in, makePipe());
+  }
   DSEC_ASSIGN_OR_RETURN(Pipe out, makePipe());
   DSEC_ASSIGN_OR_RETURN(Pipe err, makePipe());
-  spawn.stdin_fd = in.read_end.get();
+  spawn.stdin_fd = caller_stdin ? request.stdin_fd : in.read_end.get();
   spawn.stdout_fd = out.write_end.get();
   spawn.stderr_fd = err.write_end.get();
 
@@ -144,7 +151,7 @@ Result<ExecResult> ContainerSandbox::run(const ExecRequest& request, ExecSink* s
   SigpipeBlock no_sigpipe;
   UniqueFd stdin_fd = std::move(in.write_end);
   size_t stdin_off = 0;
-  if (request.stdin_data.empty()) {
+  if (caller_stdin || request.stdin_data.empty()) {
     stdin_fd.reset();
   } else {
     setNonBlocking(stdin_fd.get());

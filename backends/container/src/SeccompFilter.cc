@@ -88,6 +88,13 @@ Result<std::vector<sock_filter>> buildSandboxSeccompFilter() {
   if (int rc = seccomp_attr_set(ctx.get(), SCMP_FLTATR_ACT_BADARCH, SCMP_ACT_KILL_PROCESS); rc < 0) {
     return Error::sys(-rc, "seccomp badarch action");
   }
+  // A binary search over syscall numbers instead of a linear list. Besides fewer instructions per syscall,
+  // this matters at install time: the kernel emulates the filter for every syscall number to build its
+  // allow-cache (with interrupts off), which took ~0.2 ms per install with the linear list — paid by every
+  // init and every exec.
+  if (int rc = seccomp_attr_set(ctx.get(), SCMP_FLTATR_CTL_OPTIMIZE, 2); rc < 0) {
+    return Error::sys(-rc, "seccomp binary-tree optimization");
+  }
   for (const char* name : kDenied) {
     int nr = seccomp_syscall_resolve_name(name);
     if (nr == __NR_SCMP_ERROR) continue;  // unknown to this libseccomp/arch

@@ -12,15 +12,18 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <array>
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 
 namespace dsec::backends {
 namespace {
 
-constexpr size_t kStackSize = 64 * 1024;
+constexpr size_t kStackSize = size_t{64} * 1024;
 
 // Steps a child can fail at (reported through shared memory: the children share the caller's VM).
 enum ChildStep : int {
@@ -143,8 +146,7 @@ int initChild(void* arg) {
 // ---- exec ----
 
 struct CommandChildArgs {
-  const char* const* procs_files;
-  int init_pidfd, namespace_flags, root_fd;
+  const int* procs_fds;  // opened by the parent on the host, -1 terminated
   int stdin_fd, stdout_fd, stderr_fd;
   const char* cwd;
   char* const* argv;
@@ -152,10 +154,8 @@ struct CommandChildArgs {
   const char* const* candidates;
   sock_fprog prog;
   uint64_t keep_caps;
-  char* command_stack_top;
   std::atomic<int> step{kNone};
   std::atomic<int> err{0};
-  std::atomic<pid_t> child{0};
 };
 
 [[noreturn]] void commandFail(CommandChildArgs* a, int step) {
@@ -166,6 +166,10 @@ struct CommandChildArgs {
 
 int commandChild(void* arg) {
   auto* a = static_cast<CommandChildArgs*>(arg);
+  // Joins the sandbox cgroup through fds the parent opened on the host (the paths are not visible here).
+  for (const int* fd = a->procs_fds; *fd >= 0; ++fd) {
+    if (write(*fd, "0", 1) != 1) commandFail(a, kCgroup);
+  }
   // Its own session and process group: a timeout kills the whole group, and nothing of the agent's
   // terminal or job control leaks in.
   if (setsid() < 0) commandFail(a, kSetsid);
@@ -227,38 +231,55 @@ int commandChild(void* arg) {
   commandFail(a, kExec);
 }
 
-int helperChild(void* arg) {
-  auto* a = static_cast<CommandChildArgs*>(arg);
-  if (!joinCgroup(a->procs_files)) {
-    a->err = errno;
-    a->step = kCgroup;
-    _exit(127);
-  }
-  if (setns(a->init_pidfd, a->namespace_flags) < 0) {
-    a->err = errno;
-    a->step = kSetns;
-    _exit(127);
-  }
-  // setns(CLONE_NEWNS) puts us at the namespace's root mount; make the root explicitly the sandbox's.
-  if (fchdir(a->root_fd) < 0 || chroot(".") < 0) {
-    a->err = errno;
-    a->step = kChroot;
-    _exit(127);
-  }
-  // CLONE_PARENT: the command becomes the agent's child (waitable via pidfd) while this helper exits.
-  // It must be forked after setns(CLONE_NEWPID) to land in the sandbox's pid namespace.
-  pid_t pid = clone(commandChild, a->command_stack_top, CLONE_VM | CLONE_VFORK | CLONE_PARENT, a);
-  if (pid < 0) {
-    a->err = errno;
-    a->step = kCloneCommand;
-    _exit(127);
-  }
-  a->child = pid;
-  _exit(0);
-}
-
 void reap(pid_t pid) {
   while (waitpid(pid, nullptr, __WALL) < 0 && errno == EINTR) {
+  }
+}
+
+// The namespaces, root and cwd a thread returns to after entering a sandbox to spawn a command there.
+// Entering from the calling thread (instead of from a helper process that then forks the command) saves a
+// process and two context switches per exec. It needs the thread's own fs_struct (setns(CLONE_NEWNS) and
+// chroot act on it): unshare(CLONE_FS) before each entry, a no-op unless a thread created since shares it
+// (pthread_create shares the creator's). The agent never changes its cwd, so the thread keeps seeing the
+// same files as the rest of the process.
+struct ThreadHome {
+  bool ready = false;
+  UniqueFd root, cwd;
+  std::array<UniqueFd, 6> ns;
+};
+constexpr int kHomeNsFlags[6] = {CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWCGROUP, CLONE_NEWPID};
+constexpr const char* kHomeNsNames[6] = {"mnt", "uts", "ipc", "net", "cgroup", "pid"};
+thread_local ThreadHome t_home;
+
+Status prepareThreadHome() {
+  if (t_home.ready) return okStatus();
+  ThreadHome home;
+  home.root.reset(open("/", O_PATH | O_DIRECTORY | O_CLOEXEC));
+  home.cwd.reset(open(".", O_PATH | O_DIRECTORY | O_CLOEXEC));
+  if (!home.root || !home.cwd) return Error::sys(errno, "open root and cwd of the spawning thread");
+  for (int i = 0; i < 6; ++i) {
+    // thread-self: another thread of the agent may be inside a sandbox right now.
+    home.ns[i].reset(open((std::string("/proc/thread-self/ns/") + kHomeNsNames[i]).c_str(), O_RDONLY | O_CLOEXEC));
+    if (!home.ns[i]) return Error::sys(errno, std::string("open namespace ") + kHomeNsNames[i]);
+  }
+  t_home = std::move(home);
+  t_home.ready = true;
+  return okStatus();
+}
+
+// Puts the calling thread back into its own namespaces, root and cwd. A thread that cannot go back would
+// run the agent's later work inside a sandbox: that must never happen, so it ends the process instead.
+void returnHome(int entered_flags) {
+  for (int i = 0; i < 6; ++i) {
+    if ((entered_flags & kHomeNsFlags[i]) == 0) continue;
+    if (setns(t_home.ns[i].get(), kHomeNsFlags[i]) < 0) {
+      fprintf(stderr, "dsec: cannot leave sandbox %s namespace: %s\n", kHomeNsNames[i], strerror(errno));
+      abort();
+    }
+  }
+  if (fchdir(t_home.root.get()) < 0 || chroot(".") < 0 || fchdir(t_home.cwd.get()) < 0) {
+    fprintf(stderr, "dsec: cannot restore root of the spawning thread: %s\n", strerror(errno));
+    abort();
   }
 }
 
@@ -313,28 +334,29 @@ Result<SpawnedProcess> spawnInit(const InitSpawnRequest& request) {
 }
 
 Result<SpawnedCommand> spawnCommand(const CommandSpawnRequest& request) {
+  DSEC_TRY(prepareThreadHome());
   UniqueFd in(fcntl(request.stdin_fd, F_DUPFD_CLOEXEC, 10));
   UniqueFd out(fcntl(request.stdout_fd, F_DUPFD_CLOEXEC, 10));
   UniqueFd err(fcntl(request.stderr_fd, F_DUPFD_CLOEXEC, 10));
   if (!in || !out || !err) return Error::sys(errno, "dup fds for exec");
+  std::vector<UniqueFd> procs;
+  std::vector<int> procs_fds;
+  for (const auto& f : request.procs_files) {
+    procs.emplace_back(open(f.c_str(), O_WRONLY | O_CLOEXEC));
+    if (!procs.back()) return Error::sys(errno, "open " + f);
+    procs_fds.push_back(procs.back().get());
+  }
+  procs_fds.push_back(-1);
 
   auto argv = cStrings(request.argv);
   auto envp = cStrings(request.env);
-  std::vector<const char*> procs;
-  for (const auto& f : request.procs_files) procs.push_back(f.c_str());
-  procs.push_back(nullptr);
   std::vector<const char*> candidates;
   for (const auto& c : request.candidates) candidates.push_back(c.c_str());
   candidates.push_back(nullptr);
 
-  std::unique_ptr<char[]> stacks(new char[2 * kStackSize]);
-  char* helper_stack = stacks.get();
-  char* command_stack = stacks.get() + kStackSize;
+  std::unique_ptr<char[]> stack(new char[kStackSize]);
   CommandChildArgs args;
-  args.procs_files = procs.data();
-  args.init_pidfd = request.init_pidfd;
-  args.namespace_flags = request.namespace_flags;
-  args.root_fd = request.root_fd;
+  args.procs_fds = procs_fds.data();
   args.stdin_fd = in.get();
   args.stdout_fd = out.get();
   args.stderr_fd = err.get();
@@ -345,20 +367,32 @@ Result<SpawnedCommand> spawnCommand(const CommandSpawnRequest& request) {
   args.prog.len = request.seccomp ? static_cast<unsigned short>(request.seccomp->size()) : 0;
   args.prog.filter = request.seccomp ? const_cast<sock_filter*>(request.seccomp->data()) : nullptr;
   args.keep_caps = request.keep_caps;
-  args.command_stack_top = command_stack + kStackSize;
 
-  pid_t helper;
+  pid_t child;
+  int pidfd = -1;
+  int clone_errno = 0;
   {
     SignalBlock block;
-    helper = clone(helperChild, helper_stack + kStackSize, CLONE_VM | CLONE_VFORK | SIGCHLD, &args);
+    // One setns through the init's pidfd joins every namespace at once (or none on failure); the pid
+    // namespace applies to the children of this thread only. Then the sandbox root becomes this thread's
+    // root, and the command is cloned straight into all of it.
+    if (unshare(CLONE_FS) < 0) return Error::sys(errno, "unshare fs of the spawning thread");
+    if (setns(request.init_pidfd, request.namespace_flags) < 0) return Error::sys(errno, childStepName(kSetns));
+    if (fchdir(request.root_fd) < 0 || chroot(".") < 0) {
+      int e = errno;
+      returnHome(request.namespace_flags);
+      return Error::sys(e, childStepName(kChroot));
+    }
+    child =
+        clone(commandChild, stack.get() + kStackSize, CLONE_VM | CLONE_VFORK | CLONE_PIDFD | SIGCHLD, &args, &pidfd);
+    clone_errno = errno;
+    returnHome(request.namespace_flags);
   }
-  if (helper < 0) return Error::sys(errno, "clone exec helper");
-  reap(helper);
-  pid_t child = args.child;
+  if (child < 0) return Error::sys(clone_errno, childStepName(kCloneCommand));
+  SpawnedCommand result;
+  result.pid = child;
+  result.pidfd.reset(pidfd);
   int step = args.step;
-  if (child <= 0) {
-    return Error::sys(args.err, childStepName(step));
-  }
   if (step != kNone) {
     reap(child);
     if (step == kExec) {
@@ -369,15 +403,6 @@ Result<SpawnedCommand> spawnCommand(const CommandSpawnRequest& request) {
     Error e = Error::sys(args.err, childStepName(step));
     if (step == kChdir) return Error(ErrorCode::kInvalidArgument, "cwd " + request.cwd + ": " + e.message());
     return e;
-  }
-  SpawnedCommand result;
-  result.pid = child;
-  result.pidfd.reset(static_cast<int>(syscall(SYS_pidfd_open, child, 0)));
-  if (!result.pidfd) {
-    int e = errno;
-    kill(child, SIGKILL);
-    reap(child);
-    return Error::sys(e, "pidfd_open command");
   }
   return result;
 }

@@ -18,7 +18,8 @@ namespace dsec::backends {
 
 struct InitSpawnRequest {
   std::string init_path;
-  std::vector<std::string> procs_files;  // the child writes "0" into each before exec (joins the cgroup)
+  std::vector<std::string> procs_files;  // optional: the child writes "0" into each before exec (the backend
+                                         // leaves this empty: init joins from its config)
   int namespace_flags = 0;               // CLONE_NEW*
   int config_fd = -1;                    // becomes fd 3 of init
   int status_fd = -1;                    // becomes fd 4 of init
@@ -53,9 +54,11 @@ struct SpawnedCommand {
   int exec_errno = 0;  // the command could not be executed (the child exited 127 and was reaped)
 };
 
-// Joins the sandbox (cgroup, then setns through the init's pidfd, then chroot to its root) in a short-lived
-// helper, which clones the command with CLONE_PARENT so the command is the agent's own child inside the
-// sandbox's pid namespace, in its own session, with reduced capabilities, no_new_privs and the seccomp filter.
+// The calling thread joins the sandbox (one setns through the init's pidfd, then chroot to its root), clones
+// the command straight into it (CLONE_VM|CLONE_VFORK: the command is the agent's own child, in the sandbox's
+// pid namespace) and returns to its own namespaces and root before anything else runs on it. The command
+// joins the cgroup through fds opened on the host, starts its own session, and drops to reduced
+// capabilities, no_new_privs and the seccomp filter before execve.
 Result<SpawnedCommand> spawnCommand(const CommandSpawnRequest& request);
 
 }  // namespace dsec::backends

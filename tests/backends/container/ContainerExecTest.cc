@@ -1,6 +1,12 @@
 // Exec into container sandboxes: argv and shell, env, cwd, stdin, exit codes, timeouts, output caps,
 // streaming, and processes that outlive the exec that started them.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <thread>
 
 #include "ContainerTestSupport.h"
 #include "dsec/common/Strings.h"
@@ -79,6 +85,85 @@ TEST_F(ContainerTest, ArgvEnvCwdStdinAndExitCodes) {
   relative.argv = {"true"};
   relative.cwd = "tmp";
   ASSERT_ERROR(sb.exec(relative), ErrorCode::kInvalidArgument);
+}
+
+// Writes `total` bytes (or what `source` produces, when given) into the pipe, then closes its write end.
+std::thread feedPipe(int write_fd, size_t total, FILE* source = nullptr) {
+  return std::thread([write_fd, total, source] {
+    std::string chunk(1 << 16, 'x');
+    size_t sent = 0;
+    for (;;) {
+      size_t n =
+          source != nullptr ? fread(chunk.data(), 1, chunk.size(), source) : std::min(chunk.size(), total - sent);
+      if (n == 0) break;
+      size_t off = 0;
+      while (off < n) {
+        ssize_t w = write(write_fd, chunk.data() + off, n - off);
+        if (w <= 0) break;
+        off += static_cast<size_t>(w);
+      }
+      if (off < n) break;  // the reader went away
+      sent += n;
+    }
+    close(write_fd);
+  });
+}
+
+TEST_F(ContainerTest, StdinFdStreamsFromTheCallersPipe) {
+  auto& sb = create();
+  ASSERT_TRUE(sb.supportsStdinFd());
+  signal(SIGPIPE, SIG_IGN);             // a writer whose reader quit gets EPIPE instead of killing the test
+  constexpr size_t kBytes = 30u << 20;  // far more than any pipe buffer: only streaming can pass it
+  int fds[2];
+  ASSERT_EQ(pipe2(fds, O_CLOEXEC), 0);
+  std::thread writer = feedPipe(fds[1], kBytes);
+  ExecRequest req;
+  req.argv = {"wc", "-c"};
+  req.stdin_fd = fds[0];
+  req.stdin_data = "ignored when stdin_fd is set";
+  auto r = sb.exec(req);
+  if (!r.ok() || r->exit_code != 0) close(fds[0]);  // unblock the writer before failing
+  writer.join();
+  ASSERT_OK(r);
+  EXPECT_EQ(r->exit_code, 0) << r->stderr_data;
+  EXPECT_EQ(trim(r->stdout_data), std::to_string(kBytes));
+  // The caller keeps its fd: still open, and at EOF now.
+  EXPECT_GE(fcntl(fds[0], F_GETFD), 0);
+  char c;
+  EXPECT_EQ(read(fds[0], &c, 1), 0);
+  close(fds[0]);
+
+  // A tar stream from the host unpacked inside, as the API server streams uploads.
+  TempDir src;
+  {
+    std::string big(12u << 20, 'y');
+    ASSERT_OK(writeFileAtomic(src.path() + "/big.bin", big, 0644));
+    ASSERT_OK(makeDirs(src.path() + "/sub", 0755));
+    ASSERT_OK(writeFileAtomic(src.path() + "/sub/small.txt", "hello\n", 0644));
+  }
+  FILE* tar = popen(("tar -C " + src.path() + " -cf - .").c_str(), "r");
+  ASSERT_NE(tar, nullptr);
+  ASSERT_EQ(pipe2(fds, O_CLOEXEC), 0);
+  writer = feedPipe(fds[1], 0, tar);
+  ASSERT_EQ(sh(sb, "mkdir -p /tmp/up").exit_code, 0);
+  ExecRequest untar;
+  untar.argv = {"busybox", "tar", "-x", "-f", "-", "-C", "/tmp/up"};
+  untar.stdin_fd = fds[0];
+  r = sb.exec(untar);
+  close(fds[0]);  // a command that quit early must not leave the writer blocked
+  writer.join();
+  EXPECT_EQ(pclose(tar), 0);
+  ASSERT_OK(r);
+  EXPECT_EQ(r->exit_code, 0) << r->stderr_data;
+  auto st = sb.stat("/tmp/up/big.bin");
+  ASSERT_OK(st);
+  EXPECT_EQ(st->size, int64_t{12} << 20);
+  EXPECT_EQ(sh(sb, "cat /tmp/up/sub/small.txt").stdout_data, "hello\n");
+
+  ExecRequest closed;
+  closed.argv = {"true"};
+  closed.stdin_fd = 1000;  // not open
+  ASSERT_ERROR(sb.exec(closed), ErrorCode::kInvalidArgument);
 }
 
 TEST_F(ContainerTest, TimeoutKillsTheProcessGroup) {

@@ -5,15 +5,57 @@
 #include <netinet/in.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <fstream>
+#include <thread>
 
 #include "ContainerTestSupport.h"
 #include "dsec/common/Strings.h"
 
 namespace dsec::testing {
 namespace {
+
+// Exec enters the sandbox from the calling thread: afterwards the thread must be back in every host
+// namespace with the host root, and threads it creates later (which share its fs_struct) must work too.
+std::string threadPlace() {
+  std::string out;
+  for (const char* ns : {"mnt", "pid", "net", "uts", "ipc", "cgroup", "pid_for_children"}) {
+    char link[256] = {};
+    ssize_t n = readlink((std::string("/proc/thread-self/ns/") + ns).c_str(), link, sizeof link - 1);
+    out += std::string(ns) + "=" + (n > 0 ? std::string(link, static_cast<size_t>(n)) : "?") + " ";
+  }
+  struct stat root, cwd;
+  if (::stat("/", &root) == 0 && ::stat(".", &cwd) == 0) {
+    out += "root=" + std::to_string(root.st_dev) + ":" + std::to_string(root.st_ino);
+    out += " cwd=" + std::to_string(cwd.st_dev) + ":" + std::to_string(cwd.st_ino);
+  }
+  return out;
+}
+
+TEST_F(ContainerTest, ExecLeavesTheCallingThreadAtHome) {
+  auto& sb = create();
+  const std::string home = threadPlace();
+  EXPECT_EQ(sh(sb, "true").exit_code, 0);
+  EXPECT_EQ(threadPlace(), home);
+  // A thread created now shares this thread's fs_struct; both exec at once and both stay home.
+  std::string other_before, other_after;
+  int other_exit = -1;
+  std::thread other([&] {
+    other_before = threadPlace();
+    other_exit = sh(sb, "echo x").exit_code;
+    other_after = threadPlace();
+  });
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(sh(sb, "true").exit_code, 0);
+  other.join();
+  EXPECT_EQ(other_exit, 0);
+  EXPECT_EQ(other_after, other_before);
+  EXPECT_EQ(threadPlace(), home);
+  // The host still sees the host's files from this thread.
+  EXPECT_EQ(access("/proc/self/exe", F_OK), 0);
+  EXPECT_EQ(access(("/proc/" + std::to_string(getpid()) + "/status").c_str(), F_OK), 0);
+}
 
 TEST_F(ContainerTest, NoHostProcessesAndInitIsPid1) {
   auto& sb = create();

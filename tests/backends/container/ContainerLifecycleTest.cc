@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <filesystem>
 #include <thread>
 
 #include "ContainerTestSupport.h"
@@ -15,9 +16,31 @@
 namespace dsec::testing {
 namespace {
 
+std::string mountNamespaceOf(const std::string& pid) {
+  char link[128] = {};
+  ssize_t n = readlink(("/proc/" + pid + "/ns/mnt").c_str(), link, sizeof link - 1);
+  return n > 0 ? std::string(link, static_cast<size_t>(n)) : "";
+}
+
+// Children left behind: anything exited but unreaped, or anything past being an idle pooled init. The
+// backend keeps a few inits waiting for their config; they are its children but still share our mount
+// namespace, while every init that got a config (and every command) has the sandbox's own.
 bool hasChildren() {
   siginfo_t info{};
-  return waitid(P_ALL, 0, &info, WEXITED | WNOHANG | WNOWAIT) == 0;
+  if (waitid(P_ALL, 0, &info, WEXITED | WNOHANG | WNOWAIT) == 0 && info.si_pid != 0) return true;
+  const std::string ours = mountNamespaceOf("self");
+  size_t idle = 0;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/task")) {
+    auto children = readFile(entry.path().string() + "/children");
+    if (!children.ok()) continue;
+    for (const auto& pid : split(trim(*children), ' ')) {
+      if (pid.empty()) continue;
+      std::string theirs = mountNamespaceOf(pid);
+      if (!theirs.empty() && theirs != ours) return true;
+      ++idle;
+    }
+  }
+  return idle > static_cast<size_t>(backends::ContainerBackendOptions{}.init_pool_size);
 }
 
 pid_t initPid(const backends::Sandbox& sb) { return sb.persistentState().at("init_pid").get<pid_t>(); }

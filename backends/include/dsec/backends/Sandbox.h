@@ -111,6 +111,9 @@ class Sandbox {
 
   virtual Status pause() = 0;
   virtual Status resume() = 0;
+  // Pushes the sandbox's reclaimable memory out (to swap where the node has it, page cache dropped), used
+  // after pausing a sandbox whose session lease lapsed. Best effort; backends without a way to do it succeed.
+  virtual Status reclaimMemory() { return okStatus(); }
   // Kills every process, removes mounts and cgroups, frees the upper. Idempotent.
   virtual Status destroy() = 0;
   virtual Result<SandboxUsage> usage() = 0;

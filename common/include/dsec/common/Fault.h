@@ -10,8 +10,8 @@
 
 namespace dsec {
 
-void armFault(const std::string& point);   // arm one point (empty string disarms all)
-std::string armedFault();                  // the armed point, or "" (DSEC_FAULT is read once at first use)
-Status checkFault(const char* point);      // an error naming the point if it is armed, else ok
+void armFault(const std::string& point);  // arm one point (empty string disarms all)
+std::string armedFault();                 // the armed point, or "" (DSEC_FAULT is read once at first use)
+Status checkFault(const char* point);     // an error naming the point if it is armed, else ok
 
 }  // namespace dsec

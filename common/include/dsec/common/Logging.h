@@ -31,6 +31,6 @@ class LogMessage {
 }  // namespace dsec
 
 // DSEC_LOG(kInfo, "container") << "created " << id;   (a for-loop, not an if, so it nests without braces)
-#define DSEC_LOG(level, component)                                                                     \
+#define DSEC_LOG(level, component)                                                                            \
   for (bool dsec_log_on_ = ::dsec::LogLevel::level >= ::dsec::logLevel(); dsec_log_on_; dsec_log_on_ = false) \
   ::dsec::LogMessage(::dsec::LogLevel::level, component).stream()

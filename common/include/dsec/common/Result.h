@@ -9,17 +9,17 @@
 namespace dsec {
 
 enum class ErrorCode {
-  kInvalidArgument,   // the caller sent something malformed or impossible (HTTP 400)
-  kUnauthenticated,   // missing or wrong token (401)
-  kNotFound,          // no such sandbox, layer, path (404)
-  kAlreadyExists,     // e.g. rebuilding an existing NAME:VERSION (409)
-  kConflict,          // the object is in the wrong state for the request (409)
-  kResourceExhausted, // the node has no room: capacity (429)
-  kTimeout,           // an operation ran out of time (504)
-  kUnsupported,       // the host lacks a kernel feature (501)
-  kUnavailable,       // try again later (503)
-  kSystem,            // a system call failed (500)
-  kInternal,          // a bug (500)
+  kInvalidArgument,    // the caller sent something malformed or impossible (HTTP 400)
+  kUnauthenticated,    // missing or wrong token (401)
+  kNotFound,           // no such sandbox, layer, path (404)
+  kAlreadyExists,      // e.g. rebuilding an existing NAME:VERSION (409)
+  kConflict,           // the object is in the wrong state for the request (409)
+  kResourceExhausted,  // the node has no room: capacity (429)
+  kTimeout,            // an operation ran out of time (504)
+  kUnsupported,        // the host lacks a kernel feature (501)
+  kUnavailable,        // try again later (503)
+  kSystem,             // a system call failed (500)
+  kInternal,           // a bug (500)
 };
 
 const char* errorCodeName(ErrorCode code);
@@ -51,7 +51,7 @@ class Error {
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : v_(std::move(value)) {}  // NOLINT(google-explicit-constructor)
+  Result(T value) : v_(std::move(value)) {}      // NOLINT(google-explicit-constructor)
   Result(Error error) : v_(std::move(error)) {}  // NOLINT(google-explicit-constructor)
 
   bool ok() const { return v_.index() == 0; }
@@ -89,21 +89,24 @@ inline Status okStatus() { return {}; }
 }  // namespace dsec
 
 // Propagate an error: DSEC_TRY(status_expr);
-#define DSEC_TRY(expr)                           \
-  do {                                           \
-    auto dsec_try_result_ = (expr);              \
-    if (!dsec_try_result_.ok()) {                \
-      return dsec_try_result_.error();  \
-    }                                            \
+#define DSEC_TRY(expr)                 \
+  do {                                 \
+    auto dsec_try_result_ = (expr);    \
+    if (!dsec_try_result_.ok()) {      \
+      return dsec_try_result_.error(); \
+    }                                  \
   } while (0)
 
 #define DSEC_CONCAT_INNER_(a, b) a##b
 #define DSEC_CONCAT_(a, b) DSEC_CONCAT_INNER_(a, b)
 // DSEC_ASSIGN_OR_RETURN(auto fd, openSomething());
 #define DSEC_ASSIGN_OR_RETURN(lhs, expr) DSEC_ASSIGN_OR_RETURN_IMPL_(DSEC_CONCAT_(dsec_r_, __LINE__), lhs, expr)
+// `tmp` is a generated name and `lhs` may be a declaration ("auto fd"): neither can be parenthesized.
+// NOLINTBEGIN(bugprone-macro-parentheses)
 #define DSEC_ASSIGN_OR_RETURN_IMPL_(tmp, lhs, expr) \
   auto tmp = (expr);                                \
   if (!tmp.ok()) {                                  \
     return tmp.error();                             \
   }                                                 \
   lhs = std::move(tmp).value()
+// NOLINTEND(bugprone-macro-parentheses)

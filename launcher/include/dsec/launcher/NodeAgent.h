@@ -1,7 +1,8 @@
 // The node agent: owns the layer store and mounter, the container backend and the registry of live
 // sandboxes. It validates admission, creates and destroys sandboxes, persists each sandbox's state under
 // <root>/state/sandboxes/<id>.json (so a restarted agent re-adopts it), and enforces absolute and idle
-// timeouts from a reaper thread.
+// timeouts from a reaper thread. It also holds the node's sessions (Sessions.h): the reaper pauses the
+// sandboxes of a session whose lease lapsed and destroys them once its retention has passed.
 //
 // Locking: `mu_` guards only the registry map and the admission count; it is never held across a backend
 // call, so concurrent creates run their slow parts in parallel. Each sandbox has its own mutex that
@@ -26,6 +27,7 @@
 #include "dsec/fs3/LayerStore.h"
 #include "dsec/launcher/Metrics.h"
 #include "dsec/launcher/Requests.h"
+#include "dsec/launcher/Sessions.h"
 
 namespace dsec::launcher {
 
@@ -51,6 +53,8 @@ struct SandboxRecord {
 
   std::mutex mu;  // serialises pause/resume/destroy and the transparent resume
   bool destroyed = false;
+  // Why the sandbox is paused while it is: "user" (POST .../pause) or "lease" (its session lapsed). Under mu.
+  std::string paused_by;
   // Declared before `sandbox` so the sandbox handle goes first when the record dies.
   std::unique_ptr<fs3::ImageMount> mount;
   std::unique_ptr<backends::Sandbox> sandbox;
@@ -93,6 +97,15 @@ class NodeAgent {
   // For exec and file operations: resumes a paused sandbox and counts as activity until the lease ends.
   Result<SandboxLease> use(const std::string& id);
 
+  // Sessions (docs/api.md): PUT creates or renews, attach renews and lists the sandboxes' infos, DELETE
+  // destroys the session's sandboxes.
+  Result<nlohmann::json> putSession(const std::string& name, const SessionSettings& settings);
+  Result<nlohmann::json> getSession(const std::string& name);
+  nlohmann::json listSessions();
+  Result<nlohmann::json> attachSession(const std::string& name, std::optional<double> lease);
+  Result<nlohmann::json> deleteSession(const std::string& name);
+  SessionTable& sessions() { return *sessions_; }
+
   nlohmann::json nodeInfo();
   Result<nlohmann::json> layers();
   void renderGauges(std::string* out);
@@ -110,6 +123,11 @@ class NodeAgent {
   void adoptAll();
   void reaperLoop();
   void reapExpired();
+  void reapSessions();
+  // Freezes a sandbox of a lapsed session and reclaims its memory (paused_by "lease").
+  void pauseForLease(const std::string& id, const std::string& session);
+  void loadSessions();
+  bool pausedByLease(SandboxRecord& rec);
   void removeEmptyCgroupParent();
   std::shared_ptr<SandboxRecord> find(const std::string& id);
   Status persist(SandboxRecord& record);
@@ -124,6 +142,7 @@ class NodeAgent {
   std::unique_ptr<backends::Backend> backend_;
   std::string unavailable_reason_;
   std::string cgroup_parent_;
+  std::unique_ptr<SessionTable> sessions_;
 
   std::mutex mu_;
   std::map<std::string, std::shared_ptr<SandboxRecord>> sandboxes_;

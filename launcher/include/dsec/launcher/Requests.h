@@ -36,6 +36,7 @@ struct CreateParams {
   std::map<std::string, std::string> env;
   std::map<std::string, std::string> labels;
   backends::NetworkMode network = backends::NetworkMode::kNone;
+  std::string session;  // the session the sandbox belongs to ("" = none)
 };
 
 // Parses a request body into JSON, refusing non-objects and absurd nesting (which would otherwise cost

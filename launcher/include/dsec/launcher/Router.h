@@ -1,5 +1,5 @@
 // Maps (method, target) to an API operation. Pure logic: unknown paths are 404, known paths with the wrong
-// method 405 (with the allowed methods), malformed query strings 400.
+// method 405 (with the allowed methods), malformed query strings and invalid session names 400.
 #pragma once
 
 #include <boost/beast/http/verb.hpp>
@@ -31,6 +31,11 @@ enum class Op {
   kStatFile,
   kGetTar,
   kPutTar,
+  kListSessions,
+  kPutSession,
+  kGetSession,
+  kDeleteSession,
+  kAttachSession,
 };
 
 struct QueryParams {
@@ -47,6 +52,7 @@ struct RouteMatch {
   std::string allow;     // for 405: "GET, POST"
   Op op = Op::kHealthz;
   std::string sandbox_id;
+  std::string session;  // session routes: the (valid) session name
   QueryParams query;
 };
 

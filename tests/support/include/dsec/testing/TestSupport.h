@@ -26,24 +26,24 @@ class TempDir {
 
 }  // namespace dsec::testing
 
-#define ASSERT_OK(expr)                                                              \
-  do {                                                                               \
-    const auto& dsec_assert_r_ = (expr);                                             \
+#define ASSERT_OK(expr)                                                                     \
+  do {                                                                                      \
+    const auto& dsec_assert_r_ = (expr);                                                    \
     ASSERT_TRUE(dsec_assert_r_.ok()) << #expr << ": " << dsec_assert_r_.error().toString(); \
   } while (0)
-#define EXPECT_OK(expr)                                                              \
-  do {                                                                               \
-    const auto& dsec_expect_r_ = (expr);                                             \
+#define EXPECT_OK(expr)                                                                     \
+  do {                                                                                      \
+    const auto& dsec_expect_r_ = (expr);                                                    \
     EXPECT_TRUE(dsec_expect_r_.ok()) << #expr << ": " << dsec_expect_r_.error().toString(); \
   } while (0)
-#define ASSERT_ERROR(expr, expected_code)                                           \
-  do {                                                                               \
-    const auto& dsec_assert_r_ = (expr);                                             \
-    ASSERT_FALSE(dsec_assert_r_.ok()) << #expr << " unexpectedly succeeded";        \
+#define ASSERT_ERROR(expr, expected_code)                                                         \
+  do {                                                                                            \
+    const auto& dsec_assert_r_ = (expr);                                                          \
+    ASSERT_FALSE(dsec_assert_r_.ok()) << #expr << " unexpectedly succeeded";                      \
     ASSERT_EQ(dsec_assert_r_.error().code(), expected_code) << dsec_assert_r_.error().toString(); \
   } while (0)
-#define DSEC_SKIP_UNLESS_ROOT()                              \
-  do {                                                       \
-    std::string dsec_why_ = ::dsec::testing::missingRoot();  \
-    if (!dsec_why_.empty()) GTEST_SKIP() << dsec_why_;       \
+#define DSEC_SKIP_UNLESS_ROOT()                             \
+  do {                                                      \
+    std::string dsec_why_ = ::dsec::testing::missingRoot(); \
+    if (!dsec_why_.empty()) GTEST_SKIP() << dsec_why_;      \
   } while (0)

@@ -19,6 +19,7 @@ struct ContainerBackendOptions {
   std::string cgroup_parent = "dsec";      // cgroups live under <controller>/dsec/<id>
   int64_t default_disk_bytes = 1LL << 30;  // upper size when the spec gives none
   int netns_pool_size = 8;                 // network namespaces made ahead of time (0 = make each in the create path)
+  int init_pool_size = 4;                  // sandbox inits started ahead of time (network "none"; 0 = none)
 };
 
 Result<std::unique_ptr<Backend>> makeContainerBackend(const ContainerBackendOptions& options);

@@ -1,12 +1,14 @@
-// dsec resume ID: thaws a sandbox (cgroup freezer) and prints its new state.
+// dsec pause ID / dsec resume ID: freezes or thaws a sandbox (cgroup freezer) and prints its new state.
 #include <iostream>
 
 #include "ClientCommon.h"
 #include "Commands.h"
 
 namespace dsec::cli {
+namespace {
 
-int cmdResume(const Invocation& inv) {
+// The two commands differ only in the action: POST /v1/sandboxes/ID/<action>.
+int sandboxAction(const Invocation& inv, const std::string& action) {
   CommonOptions common;
   po::options_description desc("options");
   addCommonOptions(desc, &common, true);
@@ -18,10 +20,16 @@ int cmdResume(const Invocation& inv) {
   auto client = connectFleet(common);
   if (!client.ok()) return reportError(inv, client.error());
   std::string id = vm["id"].as<std::string>();
-  auto info = (*client)->call(HttpMethod::kPost, sandboxPath(id) + "/resume");
+  auto info = (*client)->call(HttpMethod::kPost, sandboxPath(id) + "/" + action);
   if (!info.ok()) return reportError(inv, info.error());
   std::cout << id << " " << info->value("state", "?") << "\n";
   return kExitOk;
 }
+
+}  // namespace
+
+int cmdPause(const Invocation& inv) { return sandboxAction(inv, "pause"); }
+
+int cmdResume(const Invocation& inv) { return sandboxAction(inv, "resume"); }
 
 }  // namespace dsec::cli

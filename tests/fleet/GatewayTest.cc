@@ -1,0 +1,361 @@
+// The gateway's routing and placement against fake nodes: real HTTP servers (HttpServer) answering like node
+// agents, so forwarding, streaming, lost-node errors and fan-out are exercised over real sockets, without Slurm
+// or sandboxes.
+#include <gtest/gtest.h>
+#include <sys/socket.h>
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "dsec/common/Strings.h"
+#include "dsec/launcher/Fleet.h"
+#include "dsec/launcher/Gateway.h"
+#include "dsec/launcher/HttpServer.h"
+#include "dsec/testing/TestSupport.h"
+
+namespace dsec::launcher {
+namespace {
+
+using nlohmann::json;
+namespace http = boost::beast::http;
+constexpr const char* kToken = "fleet-token";
+
+// Answers like a node agent: creates, info, exec/stream, file uploads, sessions, /v1/node.
+class FakeNode : public RequestHandler {
+ public:
+  explicit FakeNode(std::string name) : name_(std::move(name)) {
+    HttpServerOptions o;
+    o.listen = "127.0.0.1:0";
+    server_ = HttpServer::start(o, this).value();
+  }
+  ~FakeNode() override { stop(); }
+  void stop() {
+    hang_ = false;
+    if (server_) server_->stop();
+  }
+  std::string endpoint() const { return server_->endpoint(); }
+  FleetNodeSpec spec() const {
+    FleetNodeSpec s;
+    s.name = name_;
+    s.endpoint = endpoint();
+    s.cpus = 4;
+    s.memory_bytes = 8LL << 30;
+    return s;
+  }
+
+  void handle(HttpExchange& ex) override {
+    while (hang_) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    std::string target(ex.target());
+    auto method = ex.method();
+    if (ex.head()[http::field::authorization] != std::string("Bearer ") + kToken) {
+      return ex.sendError(401, "unauthorized", "bad token");
+    }
+    requests_++;
+    if (target == "/v1/node") {
+      std::lock_guard lock(mu_);
+      return ex.sendJson(200, json{{"node", name_},
+                                   {"backends", {"container"}},
+                                   {"capacity", {{"memory_committed_bytes", 0}, {"cpus", 4}}},
+                                   {"sandboxes", sandboxes_.size()}});
+    }
+    if (target == "/v1/sandboxes" && method == http::verb::post) {
+      bool too_large = false;
+      auto body = json::parse(*ex.readBody(1 << 20, &too_large));
+      if (full_) return ex.sendError(429, "capacity", "full", {{"Retry-After", "1"}});
+      std::string id = name_ + "-" + randomHex(16);
+      std::lock_guard lock(mu_);
+      sandboxes_[id] = body.value("labels", json::object());
+      return ex.sendJson(201, json{{"id", id}, {"node", name_}, {"labels", sandboxes_[id]}});
+    }
+    if (startsWith(target, "/v1/sandboxes?") || target == "/v1/sandboxes") {
+      json list = json::array();
+      std::lock_guard lock(mu_);
+      for (const auto& [id, labels] : sandboxes_) list.push_back(json{{"id", id}, {"node", name_}});
+      return ex.sendJson(200, json{{"sandboxes", list}});
+    }
+    if (startsWith(target, "/v1/sessions/")) {
+      std::string name = target.substr(13);
+      bool too_large = false;
+      if (method == http::verb::put) (void)ex.readBody(1 << 20, &too_large);
+      std::lock_guard lock(mu_);
+      json ids = json::array();
+      for (const auto& [id, labels] : sandboxes_) ids.push_back(id);
+      return ex.sendJson(200, json{{"name", name},
+                                   {"lease", 60},
+                                   {"state", lapsed_ ? "lapsed" : "active"},
+                                   {"expires_unix", expires_},
+                                   {"lapsed_unix", lapsed_ ? json(100.0) : json(nullptr)},
+                                   {"sandboxes", ids}});
+    }
+    auto parts = split(target.substr(0, target.find('?')), '/');  // "", v1, sandboxes, id, ...
+    if (parts.size() >= 4 && parts[2] == "sandboxes") {
+      std::string id = parts[3];
+      {
+        std::lock_guard lock(mu_);
+        if (!sandboxes_.count(id)) return ex.sendError(404, "not_found", "no sandbox " + id + " on " + name_);
+      }
+      if (parts.size() == 4) return ex.sendJson(200, json{{"id", id}, {"node", name_}});
+      if (parts.size() == 6 && parts[4] == "exec" && parts[5] == "stream") {
+        bool too_large = false;
+        (void)ex.readBody(1 << 20, &too_large);
+        ex.beginStream(200, "application/x-ndjson", std::nullopt);
+        for (int i = 0; i < 3; ++i) {
+          std::string line = json{{"stdout", std::to_string(i) + "\n"}}.dump() + "\n";
+          ex.writeStream(line.data(), line.size());
+          std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        }
+        std::string last = json{{"exit_code", 0}, {"done", true}}.dump() + "\n";
+        ex.writeStream(last.data(), last.size());
+        ex.endStream();
+        return;
+      }
+      if (parts.size() == 5 && parts[4] == "files" && method == http::verb::put) {
+        uint64_t size = 0;
+        (void)ex.readBodyStream([&](const char*, size_t n) {
+          size += n;
+          return okStatus();
+        });
+        return ex.sendJson(200, json{{"size", size}});
+      }
+      if (parts.size() == 5 && parts[4] == "files" && method == http::verb::get) {
+        std::string data(3 << 20, 'x');
+        ex.beginStream(200, "application/octet-stream", data.size());
+        ex.writeStream(data.data(), data.size());
+        ex.endStream();
+        return;
+      }
+    }
+    ex.sendError(404, "not_found", "no route " + target);
+  }
+
+  std::string name_;
+  std::unique_ptr<HttpServer> server_;
+  std::mutex mu_;
+  std::map<std::string, json> sandboxes_;
+  std::atomic<bool> full_{false}, hang_{false}, lapsed_{false};
+  std::atomic<int> requests_{0};
+  double expires_ = 1000;
+};
+
+class GatewayTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    GatewayOptions o;
+    o.fleet_name = "test";
+    o.token = kToken;
+    o.probe_timeout_seconds = 0.3;
+    o.lost_after_seconds = 0.5;
+    o.connect_timeout_ms = 500;
+    o.seed = 42;
+    gateway_ = std::make_unique<Gateway>(o);
+    for (const char* n : {"n1", "n2", "n3"}) {
+      nodes_[n] = std::make_unique<FakeNode>(n);
+      ASSERT_OK(gateway_->registerNode(nodes_[n]->spec()));
+    }
+    HttpServerOptions ho;
+    ho.listen = "127.0.0.1:0";
+    server_ = HttpServer::start(ho, gateway_.get()).value();
+  }
+  void TearDown() override {
+    server_->stop();
+    for (auto& [n, node] : nodes_) node->stop();
+  }
+
+  fleet::HttpReply call(http::verb method, const std::string& target, const std::string& body = "",
+                        const std::string& token = kToken) {
+    fleet::CallOptions o;
+    o.io_timeout_ms = 10000;
+    auto r = fleet::call(server_->endpoint(), method, target, token, body, o);
+    EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().message());
+    return r.ok() ? *r : fleet::HttpReply{};
+  }
+  std::string create(const std::string& extra = "") {
+    auto r = call(http::verb::post, "/v1/sandboxes", R"({"image":"x:1","cpus":0.5)" + extra + "}");
+    EXPECT_EQ(r.status, 201) << r.body;
+    return r.json().value("id", "");
+  }
+
+  std::unique_ptr<Gateway> gateway_;
+  std::map<std::string, std::unique_ptr<FakeNode>> nodes_;
+  std::unique_ptr<HttpServer> server_;
+};
+
+TEST(GatewayPure, SandboxIdNamesItsNode) {
+  EXPECT_EQ(nodeOfSandboxId("n2-3fa9c2d1e4b5a6c7"), "n2");
+  EXPECT_EQ(nodeOfSandboxId("gpu-node-7-3fa9c2d1e4b5a6c7"), "gpu-node-7");
+  EXPECT_EQ(nodeOfSandboxId("nodash"), "");
+  EXPECT_EQ(nodeOfSandboxId("-abc"), "");
+}
+
+TEST(GatewayPure, NodeSpecIsValidated) {
+  auto ok = parseNodeSpec(json{{"name", "n1"}, {"endpoint", "http://10.0.0.1:80"}, {"capacity", {{"cpus", 8}}}});
+  ASSERT_OK(ok);
+  EXPECT_EQ(ok->cpus, 8);
+  EXPECT_FALSE(parseNodeSpec(json{{"name", "N_1"}, {"endpoint", "http://10.0.0.1:80"}}).ok());
+  EXPECT_FALSE(parseNodeSpec(json{{"name", "n1"}, {"endpoint", "10.0.0.1"}}).ok());
+  EXPECT_FALSE(parseNodeSpec(json{{"endpoint", "http://10.0.0.1:80"}}).ok());
+  auto ep = fleet::parseEndpoint("http://[::1]:8470/");
+  ASSERT_OK(ep);
+  EXPECT_EQ(ep->host, "::1");
+  EXPECT_EQ(ep->port, 8470);
+}
+
+TEST_F(GatewayTest, NeedsTheFleetToken) {
+  EXPECT_EQ(call(http::verb::get, "/v1/sandboxes", "", "wrong").status, 401);
+  EXPECT_EQ(call(http::verb::get, "/healthz", "", "").status, 200);
+}
+
+TEST_F(GatewayTest, CreatesSpreadOverNodesAndRequestsFindTheirNode) {
+  std::map<std::string, int> per_node;
+  std::vector<std::string> ids;
+  for (int i = 0; i < 30; ++i) {
+    auto id = create();
+    ids.push_back(id);
+    per_node[nodeOfSandboxId(id)]++;
+  }
+  ASSERT_EQ(per_node.size(), 3u);
+  for (const auto& [n, count] : per_node) EXPECT_GE(count, 5) << n;  // least loaded of 2: close to even
+  for (const auto& id : ids) {
+    auto r = call(http::verb::get, "/v1/sandboxes/" + id);
+    ASSERT_EQ(r.status, 200) << r.body;
+    EXPECT_EQ(r.json()["node"], nodeOfSandboxId(id));
+  }
+  auto list = call(http::verb::get, "/v1/sandboxes?label=a=b");
+  EXPECT_EQ(list.json()["sandboxes"].size(), 30u);
+  EXPECT_EQ(call(http::verb::get, "/v1/sandboxes/n9-00").status, 503);  // unknown node right after start
+}
+
+TEST_F(GatewayTest, AFullNodeIsPlacedAroundAndAFullFleetIs429) {
+  nodes_["n1"]->full_ = true;
+  nodes_["n2"]->full_ = true;
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(nodeOfSandboxId(create()), "n3");
+  nodes_["n3"]->full_ = true;
+  auto r = call(http::verb::post, "/v1/sandboxes", R"({"image":"x:1"})");
+  EXPECT_EQ(r.status, 429);
+  EXPECT_EQ(r.json()["error"]["code"], "capacity");
+}
+
+TEST_F(GatewayTest, DrainedNodesGetNoNewSandboxes) {
+  EXPECT_EQ(call(http::verb::post, "/v1/fleet/nodes/n2/drain").status, 200);
+  for (int i = 0; i < 10; ++i) EXPECT_NE(nodeOfSandboxId(create()), "n2");
+  auto nodes = call(http::verb::get, "/v1/fleet/nodes").json()["nodes"];
+  for (const auto& n : nodes) EXPECT_EQ(n["state"], n["name"] == "n2" ? "draining" : "healthy");
+}
+
+TEST_F(GatewayTest, StreamsExecOutputAndFileBodies) {
+  auto id = create();
+  auto r = call(http::verb::post, "/v1/sandboxes/" + id + "/exec/stream", R"({"cmd":"x"})");
+  ASSERT_EQ(r.status, 200);
+  EXPECT_EQ(r.body,
+            "{\"stdout\":\"0\\n\"}\n{\"stdout\":\"1\\n\"}\n{\"stdout\":\"2\\n\"}\n{\"done\":true,\"exit_code\":0}\n");
+  {
+    // Line by line: the first output reaches the client long before the command ends (150 ms).
+    fleet::CallOptions o;
+    auto fd = fleet::connectTo(server_->endpoint(), o);
+    ASSERT_OK(fd);
+    std::string req = "POST /v1/sandboxes/" + id + "/exec/stream HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " +
+                      kToken + "\r\nContent-Length: 2\r\n\r\n{}";
+    ASSERT_EQ(::send(fd->get(), req.data(), req.size(), MSG_NOSIGNAL), static_cast<ssize_t>(req.size()));
+    auto t0 = std::chrono::steady_clock::now();
+    std::string got;
+    std::chrono::steady_clock::duration first{}, last{};
+    char buf[4096];
+    while (got.find("done") == std::string::npos && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5)) {
+      ssize_t n = ::recv(fd->get(), buf, sizeof(buf), MSG_DONTWAIT);
+      if (n > 0) {
+        got.append(buf, n);
+        if (got.find("\"0\\n\"") != std::string::npos && first == std::chrono::steady_clock::duration{}) {
+          first = std::chrono::steady_clock::now() - t0;
+        }
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    last = std::chrono::steady_clock::now() - t0;
+    EXPECT_NE(got.find("\"done\":true"), std::string::npos) << got;
+    EXPECT_LT(first + std::chrono::milliseconds(80), last) << "output was not streamed";
+  }
+  std::string big(5 << 20, 'y');
+  auto put = call(http::verb::put, "/v1/sandboxes/" + id + "/files?path=/a", big);
+  ASSERT_EQ(put.status, 200) << put.body;
+  EXPECT_EQ(put.json()["size"], big.size());
+  auto get = call(http::verb::get, "/v1/sandboxes/" + id + "/files?path=/a");
+  EXPECT_EQ(get.body.size(), 3u << 20);
+  EXPECT_EQ(call(http::verb::get, "/v1/sandboxes/" + nodeOfSandboxId(id) + "-ffff").status, 404);
+}
+
+TEST_F(GatewayTest, ALostNodeIsReportedAtOnceAndComesBack) {
+  std::vector<std::string> ids;
+  for (int i = 0; i < 12; ++i) ids.push_back(create());
+  nodes_["n2"]->stop();
+  std::this_thread::sleep_for(std::chrono::milliseconds(600));
+  gateway_->probeAll();
+  for (const auto& id : ids) {
+    auto t0 = std::chrono::steady_clock::now();
+    auto r = call(http::verb::get, "/v1/sandboxes/" + id);
+    if (nodeOfSandboxId(id) == "n2") {
+      EXPECT_EQ(r.status, 503);
+      EXPECT_NE(r.json()["error"]["message"].get<std::string>().find("node n2 is lost"), std::string::npos) << r.body;
+      EXPECT_NE(r.body.find("sandbox " + id + " is lost"), std::string::npos);
+      EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(500));
+    } else {
+      EXPECT_EQ(r.status, 200);
+    }
+  }
+  for (int i = 0; i < 6; ++i) EXPECT_NE(nodeOfSandboxId(create()), "n2");
+  auto list = call(http::verb::get, "/v1/sandboxes").json();
+  EXPECT_EQ(list["unreachable_nodes"], json::array({"n2"}));
+  // A new agent for n2 registers: healthy again.
+  nodes_["n2"] = std::make_unique<FakeNode>("n2");
+  ASSERT_OK(gateway_->registerNode(nodes_["n2"]->spec()));
+  for (const auto& n : call(http::verb::get, "/v1/fleet/nodes").json()["nodes"]) EXPECT_EQ(n["state"], "healthy");
+}
+
+TEST_F(GatewayTest, ARequestToAHangingNodeEndsWhenTheNodeIsDeclaredLost) {
+  auto id = create();
+  std::string node = nodeOfSandboxId(id);
+  nodes_[node]->hang_ = true;
+  std::atomic<bool> done{false};
+  int status = 0;
+  std::string body;
+  std::thread t([&] {
+    auto r = call(http::verb::get, "/v1/sandboxes/" + id);
+    status = r.status;
+    body = r.body;
+    done = true;
+  });
+  auto t0 = std::chrono::steady_clock::now();
+  while (!done && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5)) {
+    gateway_->probeAll();
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  nodes_[node]->hang_ = false;
+  t.join();
+  EXPECT_EQ(status, 503);
+  EXPECT_NE(body.find("is lost"), std::string::npos) << body;
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(3));
+}
+
+TEST_F(GatewayTest, SessionsFanOutAndMerge) {
+  for (int i = 0; i < 9; ++i) create();
+  auto r = call(http::verb::put, "/v1/sessions/run-42", R"({"lease":60})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  auto s = r.json();
+  EXPECT_EQ(s["sandboxes"].size(), 9u);
+  EXPECT_EQ(s["state"], "active");
+  EXPECT_EQ(s["nodes"], 3);
+  for (auto& [n, node] : nodes_) node->lapsed_ = true;
+  nodes_["n1"]->expires_ = 2000;
+  s = call(http::verb::get, "/v1/sessions/run-42").json();
+  EXPECT_EQ(s["state"], "lapsed");
+  EXPECT_EQ(s["expires_unix"], 2000.0);
+  EXPECT_EQ(s["lapsed_unix"], 100.0);
+  nodes_["n3"]->lapsed_ = false;
+  EXPECT_EQ(call(http::verb::get, "/v1/sessions/run-42").json()["state"], "active");
+}
+
+}  // namespace
+}  // namespace dsec::launcher

@@ -1,0 +1,162 @@
+"""The pydsec side of tests/fleet/fleet_test.sh, run inside a Slurm job (srun) of its own.
+
+fleet_client.py PHASE STATE_FILE [ARG]: create | session | check | lost NODE | after-join NODE | cleanup.
+Exits non-zero with a message on the first failed expectation."""
+
+import json
+import os
+import sys
+import time
+
+import pydsec
+
+IMAGE = "testbase:1"
+LABELS = {"fleettest": os.environ.get("DSEC_FLEET", "x")}
+
+
+def fail(msg):
+    print(f"FAIL: {msg}", file=sys.stderr)
+    sys.exit(1)
+
+
+def load(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def save(path, doc):
+    with open(path, "w") as f:
+        json.dump(doc, f)
+
+
+def check_sandbox(client, sid, node):
+    sb = client.sandbox(sid)
+    info = sb.info()
+    if info["node"] != node:
+        fail(f"{sid}: info()['node'] is {info['node']}, expected {node}")
+    r = sb.exec(f"cat /data/mark; cat /etc/dsec-test-image")
+    if r.exit_code != 0 or r.stdout != f"{sid}\ndsec test image\n":
+        fail(f"{sid}: exec returned {r.exit_code} {r.stdout!r} {r.stderr!r}")
+    if sb.read_file("/data/mark") != f"{sid}\n".encode():
+        fail(f"{sid}: read_file gave the wrong bytes")
+
+
+def main():
+    phase, state_path = sys.argv[1], sys.argv[2]
+    arg = sys.argv[3] if len(sys.argv) > 3 else None
+    client = pydsec.Client(fleet=os.environ["DSEC_FLEET"])
+    if phase == "create":
+        sandboxes = {}
+        for i in range(30):
+            sb = client.create(IMAGE, cpus=0.1, memory="64M", labels=LABELS)
+            node = sb.info()["node"]
+            if not sb.id.startswith(node + "-"):
+                fail(f"sandbox id {sb.id} does not name its node {node}")
+            sb.write_file("/data/mark", f"{sb.id}\n")
+            r = sb.exec("hostname; echo ok")
+            if r.exit_code != 0 or not r.stdout.endswith("ok\n"):
+                fail(f"{sb.id}: exec gave {r.exit_code} {r.stdout!r} {r.stderr!r}")
+            sandboxes[sb.id] = node
+        nodes = sorted(set(sandboxes.values()))
+        print(f"30 sandboxes on {nodes}: " + ", ".join(f"{n}={list(sandboxes.values()).count(n)}" for n in nodes))
+        if nodes != ["n1", "n2", "n3"]:
+            fail(f"the 30 sandboxes landed on {nodes}, not on n1, n2 and n3")
+        listed = {s.id for s in client.list(labels=LABELS)}
+        if listed != set(sandboxes):
+            fail(f"GET /v1/sandboxes lists {len(listed)} of the 30 sandboxes")
+        # A streamed exec goes through the gateway line by line.
+        sb = client.sandbox(next(iter(sandboxes)))
+        chunks = list(sb.exec_stream("for i in 1 2 3; do echo $i; sleep 0.2; done"))
+        if "".join(d for _, d in chunks) != "1\n2\n3\n":
+            fail(f"exec_stream through the gateway gave {chunks!r}")
+        save(state_path, {"sandboxes": sandboxes})
+    elif phase == "check":
+        sandboxes = load(state_path)["sandboxes"]
+        for sid, node in sandboxes.items():
+            check_sandbox(client, sid, node)
+        print(f"all {len(sandboxes)} sandboxes reachable with their files")
+    elif phase == "lost":
+        sandboxes = load(state_path)["sandboxes"]
+        lost = [s for s, n in sandboxes.items() if n == arg]
+        kept = [s for s, n in sandboxes.items() if n != arg]
+        deadline = time.monotonic() + 10
+        message = ""
+        while True:
+            t0 = time.monotonic()
+            try:
+                client.sandbox(lost[0]).exec("true")
+                fail(f"sandbox {lost[0]} on the killed node {arg} still answers")
+            except pydsec.DsecError as e:
+                message = str(e)
+            took = time.monotonic() - t0
+            if took > 5:
+                fail(f"a request for a sandbox of the lost node took {took:.1f}s (must not hang)")
+            if "is lost" in message or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        if f"node {arg} is lost" not in message or f"sandbox {lost[0]} is lost" not in message:
+            fail(f"the error for a sandbox of the lost node is not clear: {message!r}")
+        print(f"lost-node error: {message}")
+        for sid in lost:
+            t0 = time.monotonic()
+            try:
+                client.sandbox(sid).info()
+                fail(f"{sid} answers")
+            except pydsec.DsecError as e:
+                if "is lost" not in str(e):
+                    fail(f"{sid}: unclear error {e}")
+            if time.monotonic() - t0 > 1:
+                fail(f"{sid}: the lost error took {time.monotonic() - t0:.1f}s")
+        for sid in kept:
+            check_sandbox(client, sid, sandboxes[sid])
+        new = {}
+        for _ in range(6):
+            sb = client.create(IMAGE, cpus=0.1, memory="64M", labels=LABELS)
+            sb.write_file("/data/mark", f"{sb.id}\n")
+            new[sb.id] = sb.info()["node"]
+        if arg in new.values():
+            fail(f"a new sandbox was placed on the lost node {arg}")
+        print(f"{len(kept)} sandboxes of the other nodes serve; 6 new ones on {sorted(set(new.values()))}")
+        sandboxes.update(new)
+        save(state_path, {"sandboxes": sandboxes, "lost_node": arg})
+    elif phase == "after-join":
+        sandboxes = load(state_path)["sandboxes"]
+        for sid, node in sandboxes.items():
+            check_sandbox(client, sid, node)
+        print(f"node {arg} is back: all {len(sandboxes)} sandboxes reachable again")
+    elif phase == "session":
+        # A session through the gateway: its sandboxes spread over the nodes, the merged session lists all
+        # of them, attach (as a requeued trainer would) returns them all, destroy removes them everywhere.
+        name = f"fleet-{os.environ['DSEC_FLEET']}"
+        session = client.session(name, lease=30)
+        made = [session.create(IMAGE, cpus=0.1, memory="64M", labels=LABELS) for _ in range(6)]
+        nodes = sorted({sb.info()["node"] for sb in made})
+        if len(nodes) < 2:
+            fail(f"the session's sandboxes all landed on {nodes}")
+        for sb in made:
+            sb.write_file("/data/mark", f"{sb.id}\n")
+        info = session.info()
+        if sorted(info["sandboxes"]) != sorted(sb.id for sb in made) or info["state"] != "active":
+            fail(f"merged session: {info}")
+        session.close()
+        again = client.session(name, lease=30).attach()
+        if sorted(sb.id for sb in again) != sorted(sb.id for sb in made):
+            fail(f"attach returned {[sb.id for sb in again]}, expected {[sb.id for sb in made]}")
+        for sb in again:
+            check_sandbox(client, sb.id, sb.id.rsplit("-", 1)[0])
+        destroyed = client.session(name).destroy()
+        if destroyed != 6:
+            fail(f"destroying the session destroyed {destroyed} sandboxes, not 6")
+        print(f"session {name}: 6 sandboxes on {nodes}, merged, attached, destroyed")
+    elif phase == "cleanup":
+        for sb in client.list(labels=LABELS):
+            sb.destroy()
+        left = client.list(labels=LABELS)
+        if left:
+            fail(f"{len(left)} sandboxes left after cleanup")
+    else:
+        fail(f"unknown phase {phase}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,193 @@
+#!/usr/bin/env bash
+# The rollout fleet against a real Slurm cluster (tests/slurm's fixture: slurmctld + 3 slurmd in network
+# namespaces, the busybox layer testbase:1 in $STORE):
+#   1. slurm-configs/rollout-fleet.sbatch on 3 nodes; pydsec in a separate job creates 30 sandboxes that land
+#      on n1, n2 and n3 and run commands, files and a streamed exec through the gateway; a pydsec session
+#      spreads over the nodes, is merged by the gateway, attached to and destroyed;
+#   2. kill -9 of the gateway process: the supervisor restarts it, nodes re-register, no sandbox is lost;
+#   3. kill -9 of node n3's rank: its sandboxes get a clear "node n3 is lost" error within 5 s (no hang), the
+#      others keep serving, new sandboxes go to n1 and n2;
+#   4. `dsec-launch --join` from a second job brings n3 back (it re-adopts its sandboxes); draining n3 at the
+#      gateway keeps new sandboxes off it; cancelling the join job drains and deregisters it.
+# `fleet_test.sh trainer`: slurm-configs/trainer.sbatch in the preemptible partition makes sandboxes through a
+#   session and starts a background process in each; a rollout job preempts it; while it waits to be requeued
+#   its lease lapses and the fleet pauses the sandboxes; the requeued trainer attaches and finds every sandbox
+#   with its files and its process, and carries on.
+# Exit 77 = cannot run here. Environment: DSEC_LAUNCH (the dsec-launch binary).
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+REPO=$(cd "$HERE/../.." && pwd)
+source "$HERE/../slurm/lib.sh"
+
+[ "$(id -u)" = 0 ] || skip_test "the fleet tests need root"
+[ -e "$BASE/skipped" ] && skip_test "$(cat "$BASE/skipped")"
+[ -x "${DSEC_LAUNCH:-}" ] || fail "DSEC_LAUNCH=${DSEC_LAUNCH:-} is not executable (build dsec-launch)"
+[ -r "$BASE/env.sh" ] || skip_test "no Slurm test cluster at $BASE (run the slurm_cluster_start fixture)"
+source "$BASE/env.sh"
+timeout 10 scontrol ping 2>/dev/null | grep -c 'is UP' >/dev/null || skip_test "the Slurm test cluster is not running"
+[ -e "$STORE/layers/testbase/1/layer.erofs" ] || fail "no test layer in $STORE"
+
+CASE=${1:-fleet}
+FLEET=fleettest$$
+WORK="$BASE/fleet-$FLEET"
+ROOT="$WORK/root"
+STATE="$WORK/client-state.json"
+export DSEC_FLEET="$FLEET"
+FLEET_FILE="$HOME/.dsec/fleets/$FLEET.json"
+rm -rf "$WORK"
+mkdir -p "$ROOT"
+ln -s "$STORE/layers" "$ROOT/layers"
+JOBS=()
+T0=$(date +%s)
+log() { echo "[fleet-test $(( $(date +%s) - T0 ))s] $*"; }
+
+cleanup() {
+    local rc=$?
+    set +e
+    if [ -r "$FLEET_FILE" ]; then client cleanup >/dev/null 2>&1; fi
+    for j in "${JOBS[@]}"; do scancel "$j" 2>/dev/null; done
+    for _ in $(seq 1 100); do
+        left=0
+        for j in "${JOBS[@]}"; do [ -n "$(squeue -h -j "$j" 2>/dev/null)" ] && left=1; done
+        [ "$left" = 0 ] && break
+        sleep 0.2
+    done
+    # Sandboxes of a node whose rank was killed and never came back: a throw-away agent on its state dir
+    # re-adopts them and destroys them on SIGTERM.
+    for d in "$ROOT"/nodes/*; do
+        [ -n "$(ls "$d/state/sandboxes" 2>/dev/null)" ] || continue
+        n=$(basename "$d")
+        log "reaping what node $n left behind"
+        HOME="$WORK/reap-home" "$DSEC_LAUNCH" --no-mpi --fleet "reap-$n" --root "$ROOT" --node-name "$n" \
+            --address 127.0.0.1 >"$WORK/reap-$n.log" 2>&1 &
+        p=$!
+        for _ in $(seq 1 50); do grep -c 'serving on' "$WORK/reap-$n.log" >/dev/null 2>&1 && break; sleep 0.1; done
+        kill -TERM "$p"; wait "$p"
+    done
+    for m in $(awk -v p="$ROOT/" 'index($5, p) == 1 {print $5}' /proc/self/mountinfo | sort -r); do umount -l "$m"; done
+    if [ "$rc" != 0 ] && [ "$rc" != 77 ]; then
+        for f in "$WORK"/*.out; do echo "== $f"; tail -n 30 "$f"; done
+    else
+        rm -rf "$WORK"
+    fi
+    rm -f "$FLEET_FILE"
+    exit "$rc"
+}
+trap cleanup EXIT
+
+# pydsec in a job of its own, on n2 (the trainer's side of the fleet).
+client() {
+    srun -N1 -w "${CLIENT_NODE:-n2}" --mpi=none -t 5 --export=ALL,PYTHONPATH="$REPO/pydsec",DSEC_FLEET="$FLEET" \
+        /usr/bin/python3 "$HERE/fleet_client.py" "$@" "$STATE" "${CLIENT_ARG:-}"
+}
+api() {  # METHOD PATH -> body
+    local ep token
+    ep=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["endpoint"])' "$FLEET_FILE")
+    token=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["token"])' "$FLEET_FILE")
+    curl -sS --max-time 10 -X "$1" -H "Authorization: Bearer $token" "$ep$2"
+}
+node_states() {  # "n1=healthy n2=healthy ..."
+    api GET /v1/fleet/nodes | python3 -c 'import json,sys; print(" ".join(n["name"] + "=" + n["state"] for n in json.load(sys.stdin)["nodes"]))'
+}
+wait_for() {  # seconds what command...
+    local end=$(( $(date +%s) + $1 )) what=$2; shift 2
+    until "$@" >/dev/null 2>&1; do [ "$(date +%s)" -lt "$end" ] || fail "timed out waiting for $what"; sleep 0.3; done
+}
+states_are() { [ "$(node_states)" = "$1" ]; }
+launch_pid() {  # node [gateway] -> pid of that node's dsec-launch rank (or of its gateway process)
+    local p cmd
+    for p in $(ip netns pids "dsl-$1" 2>/dev/null); do
+        cmd=$(tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null) || continue
+        case "$cmd" in
+            *dsec-launch*--gateway-only*--fleet\ "$FLEET"*) [ "${2:-}" = gateway ] && echo "$p" ;;
+            *dsec-launch*--fleet\ "$FLEET"*) [ "${2:-}" = gateway ] || echo "$p" ;;
+        esac
+    done
+}
+
+start_fleet() {
+    log "starting fleet $FLEET on 3 nodes"
+    local job
+    job=$(sbatch --parsable -N3 --output="$WORK/fleet.out" \
+        --export=ALL,DSEC_FLEET="$FLEET",DSEC_ROOT="$ROOT",DSEC_LAUNCH="$DSEC_LAUNCH" \
+        "$REPO/slurm-configs/rollout-fleet.sbatch")
+    JOBS+=("$job")
+    wait_for 60 "the fleet file $FLEET_FILE" test -s "$FLEET_FILE"
+    [ "$(stat -c %a "$FLEET_FILE")" = 600 ] || fail "the fleet file is not mode 0600"
+    wait_for 30 "3 healthy nodes" states_are "n1=healthy n2=healthy n3=healthy"
+    log "fleet up: $(node_states)"
+}
+
+if [ "$CASE" = trainer ]; then
+    start_fleet
+    session_field() {  # session field
+        api GET "/v1/sessions/$1" | python3 -c 'import json,sys; d=json.load(sys.stdin); print(d.get(sys.argv[1]))' "$2"
+    }
+    session_lapsed() { [ "$(session_field "$SESSION" state)" = lapsed ]; }
+    requeued() { [ "$(scontrol show job "$tjob" 2>/dev/null | grep -o 'Restarts=[0-9]*')" = Restarts=1 ]; }
+    tjob=$(sbatch --parsable -p trainer -w n1 --output="$WORK/trainer.out" \
+        --export=ALL,DSEC_FLEET="$FLEET",TRAINER_IMAGE=testbase:1,TRAINER_SANDBOXES=4,TRAINER_LEASE=3,TRAINER_STEPS=12,TRAINER_STEP_SECONDS=1,PYTHONPATH="$REPO/pydsec" \
+        "$REPO/slurm-configs/trainer.sbatch")
+    JOBS+=("$tjob")
+    SESSION="trainer-$tjob"
+    wait_for 60 "the trainer's sandboxes" grep -c "created 4 sandboxes" "$WORK/trainer.out"
+    log "trainer $tjob made its sandboxes: $(grep 'created 4' "$WORK/trainer.out")"
+    sleep 2
+    # A rollout job that needs n1's other CPU preempts the trainer (PreemptMode=REQUEUE).
+    pjob=$(sbatch --parsable -p rollout -w n1 -n1 --output="$WORK/preemptor.out" --wrap "sleep 10")
+    JOBS+=("$pjob")
+    wait_for 30 "the trainer to be preempted and requeued" requeued
+    log "trainer preempted and requeued"
+    wait_for 20 "the session's lease to lapse" session_lapsed
+    first=$(api GET "/v1/sessions/$SESSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["sandboxes"][0])')
+    paused_by=$(api GET "/v1/sandboxes/$first" | python3 -c 'import json,sys; d=json.load(sys.stdin); print(d.get("state"), d.get("paused_by"))')
+    [ "$paused_by" = "paused lease" ] || fail "sandbox $first of the lapsed session is '$paused_by', not paused by the lease"
+    log "lease lapsed: the session's sandboxes are paused ($first: $paused_by)"
+    wait_for 180 "the requeued trainer to finish" grep -c "trainer done" "$WORK/trainer.out"
+    grep -c "re-attached to 4 sandboxes" "$WORK/trainer.out" >/dev/null || fail "the requeued trainer did not re-attach"
+    [ "$(grep -c 'background process alive' "$WORK/trainer.out")" = 4 ] || fail "not every background process survived"
+    grep -E "re-attached|alive|trainer done" "$WORK/trainer.out"
+    log "PASS"
+    exit 0
+fi
+
+# ---- 1. the fleet
+start_fleet
+client create
+log "created 30 sandboxes"
+client session
+log "a session across the fleet"
+
+# ---- 2. gateway restart
+gw=$(launch_pid n1 gateway)
+[ -n "$gw" ] || fail "no gateway process of fleet $FLEET on n1"
+kill -9 "$gw"
+log "killed the gateway ($gw)"
+wait_for 15 "the restarted gateway with 3 healthy nodes" states_are "n1=healthy n2=healthy n3=healthy"
+new_gw=$(launch_pid n1 gateway)
+[ -n "$new_gw" ] && [ "$new_gw" != "$gw" ] || fail "the gateway was not restarted"
+client check
+log "gateway restarted ($new_gw): every sandbox reachable"
+
+# ---- 3. a node dies
+victim=$(launch_pid n3)
+[ -n "$victim" ] || fail "no dsec-launch rank on n3"
+kill -9 "$victim"
+log "killed node n3's rank ($victim)"
+CLIENT_ARG=n3 client lost
+states_are "n1=healthy n2=healthy n3=lost" || fail "fleet nodes after the kill: $(node_states)"
+log "n3 reported lost; the others serve"
+
+# ---- 4. n3 comes back through --join from a second job, is drained, and leaves
+join=$(sbatch --parsable -N1 -w n3 --output="$WORK/join.out" --export=ALL,DSEC_ROOT="$ROOT" \
+    --wrap "srun --mpi=none '$DSEC_LAUNCH' --join '$FLEET' --root '$ROOT' --drain-timeout 10")
+JOBS+=("$join")
+wait_for 30 "n3 to join again" states_are "n1=healthy n2=healthy n3=healthy"
+CLIENT_ARG=n3 client after-join
+api POST /v1/fleet/nodes/n3/drain >/dev/null
+states_are "n1=healthy n2=healthy n3=draining" || fail "after drain: $(node_states)"
+client cleanup
+scancel --signal=TERM --full "$join"
+wait_for 20 "n3 to leave the fleet" states_are "n1=healthy n2=healthy"
+log "n3 joined, drained and left"
+log "PASS"
