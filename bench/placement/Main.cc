@@ -1,53 +1,10 @@
 // dsec-bench-placement: fill a simulated cell through the real placement code and report the spread.
 // Human summary first; the last line is one JSON object (decisions_per_second, max_over_mean, rejected, ...).
-#include <boost/program_options.hpp>
-#include <iostream>
+#include <string>
+#include <vector>
 
-#include "dsec/placement/NodeModel.h"
 #include "dsec/placement/PlacementBench.h"
 
-namespace po = boost::program_options;
-using namespace dsec::placement;
-
 int main(int argc, char** argv) {
-  PlacementBenchOptions options;
-  bool no_compare = false;
-  std::string aliases;
-  for (const auto& alias : syntheticAliases()) aliases += std::string("\n  ") + alias.name + ": " + alias.what;
-  po::options_description desc("usage: dsec-bench-placement [options]");
-  desc.add_options()("help,h", "print this help")("nodes", po::value<int>(&options.nodes)->default_value(160),
-                                                  "nodes in the cell")(
-      "topology", po::value<std::string>(&options.topology)->default_value("2x96c-1.5t"),
-      ("node shape: an alias, an hwloc synthetic description, an XML file or 'system'; aliases:" + aliases).c_str())(
-      "sandboxes", po::value<int64_t>(&options.sandboxes)->default_value(380000), "sandboxes to place")(
-      "k", po::value<int>(&options.k)->default_value(2), "nodes sampled per decision")(
-      "seed", po::value<uint64_t>(&options.seed)->default_value(42), "random seed (same seed, same run)")(
-      "latency-fraction", po::value<double>(&options.latency_fraction)->default_value(0.002),
-      "fraction of sandboxes with QoS latency (dedicated cores)")(
-      "cpu-overcommit", po::value<double>(&options.cpu_overcommit)->default_value(0),
-      "CPU overcommit ratio (0 = derive from the mix)")("memory-overcommit",
-                                                        po::value<double>(&options.memory_overcommit)->default_value(0),
-                                                        "memory overcommit ratio (0 = derive from the mix)")(
-      "headroom", po::value<double>(&options.headroom)->default_value(0.10), "headroom added to derived ratios")(
-      "no-compare", po::bool_switch(&no_compare), "skip the random and least-loaded baselines");
-  po::variables_map vm;
-  try {
-    po::store(po::parse_command_line(argc, argv, desc), vm);
-    if (vm.count("help")) {
-      std::cout << desc << "\n";
-      return 0;
-    }
-    po::notify(vm);
-  } catch (const std::exception& e) {
-    std::cerr << "dsec-bench-placement: " << e.what() << "\n" << desc << "\n";
-    return 2;
-  }
-  options.compare = !no_compare;
-  auto result = runPlacementBench(options, std::cout);
-  if (!result.ok()) {
-    std::cerr << "dsec-bench-placement: " << result.error().toString() << "\n";
-    return 1;
-  }
-  std::cout << result->json << std::endl;
-  return 0;
+  return dsec::placement::placementBenchMain("dsec-bench-placement", std::vector<std::string>(argv + 1, argv + argc));
 }

@@ -2,22 +2,27 @@
 #include <iostream>
 
 #include "Commands.h"
+#include "dsec/placement/PlacementBench.h"
 
 namespace dsec::cli {
 
 int benchCreate(const Invocation& inv);
 int benchDensity(const Invocation& inv);
 
+// A simulated cell through the real placement code (placement/): no node or root needed.
+int benchPlacement(const Invocation& inv) { return placement::placementBenchMain("dsec bench placement", inv.args); }
+
 int cmdBench(const Invocation& inv) {
-  static const std::pair<const char*, int (*)(const Invocation&)> kSubcommands[] = {{"create", benchCreate},
-                                                                                    {"density", benchDensity}};
+  static const std::pair<const char*, int (*)(const Invocation&)> kSubcommands[] = {
+      {"create", benchCreate}, {"density", benchDensity}, {"placement", benchPlacement}};
   if (inv.args.empty() || inv.args[0] == "--help" || inv.args[0] == "-h") {
     std::ostream& out = inv.args.empty() ? std::cerr : std::cout;
     out << "usage: dsec bench create --backend container --count N --concurrency C [--image IMAGE]\n"
            "       dsec bench density --count N [--image IMAGE]\n"
-           "Both start an embedded node on 127.0.0.1 with --root unless --endpoint or --fleet is given.\n"
+           "       dsec bench placement [--nodes 160 --topology 2x96c-1.5t --sandboxes 380000]\n"
+           "create and density start an embedded node on 127.0.0.1 with --root unless --endpoint or --fleet is given.\n"
            "The last line of the output is one JSON object with the figures.\n";
-    if (inv.args.empty()) throw UsageError("missing bench command (create, density)");
+    if (inv.args.empty()) throw UsageError("missing bench command (create, density, placement)");
     return kExitOk;
   }
   for (const auto& [name, run] : kSubcommands) {
@@ -30,7 +35,7 @@ int cmdBench(const Invocation& inv) {
       return kExitUsage;
     }
   }
-  throw UsageError("unknown bench command '" + inv.args[0] + "' (create, density)");
+  throw UsageError("unknown bench command '" + inv.args[0] + "' (create, density, placement)");
 }
 
 }  // namespace dsec::cli

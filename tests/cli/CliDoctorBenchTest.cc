@@ -60,5 +60,17 @@ TEST(CliBench, DensitySmallRunHoldsSleepers) {
   EXPECT_TRUE(summary.contains("host_mb_per_sandbox"));
 }
 
+TEST(CliBench, PlacementSmallCellPlacesEverySandbox) {
+  auto r = runDsec({"bench", "placement", "--nodes", "8", "--sandboxes", "5000", "--no-compare"}, {}, 120);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  auto summary = lastJsonLine(r.out);
+  ASSERT_TRUE(summary.is_object()) << r.out;
+  EXPECT_EQ(summary["placed"], 5000);
+  EXPECT_EQ(summary["rejected"], 0);
+  EXPECT_GT(summary["decisions_per_second"].get<double>(), 0);
+  EXPECT_LT(summary["max_over_mean"].get<double>(), 1.1);
+  EXPECT_EQ(runDsec({"bench", "placement", "--nodes", "0"}).exit_code, 1);
+}
+
 }  // namespace
 }  // namespace dsec::testing

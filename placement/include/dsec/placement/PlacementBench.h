@@ -65,4 +65,8 @@ struct PlacementBenchResult {
 Result<PlacementBenchResult> runPlacementBench(const PlacementBenchOptions& options, std::ostream& out);
 std::vector<SandboxSize> defaultSandboxMix();
 
+// Parses benchmark options from args (without the program name), runs it, prints the summary and the JSON
+// line; returns the exit status (0 ok, 1 failed, 2 bad arguments).
+int placementBenchMain(const std::string& prog, const std::vector<std::string>& args);
+
 }  // namespace dsec::placement
