@@ -87,13 +87,7 @@ int layerLs(const Invocation& inv) {
   if (vm["json"].as<bool>()) {
     nlohmann::json out = nlohmann::json::array();
     for (const auto& m : *layers) {
-      out.push_back({{"name", m.ref.name},
-                     {"version", m.ref.version},
-                     {"sha256", m.sha256},
-                     {"size", m.size},
-                     {"created", m.created},
-                     {"built_on", m.built_on},
-                     {"source", m.source}});
+      out.push_back(m.toJson());
     }
     std::cout << nlohmann::json{{"layers", out}}.dump(2) << "\n";
     return kExitOk;

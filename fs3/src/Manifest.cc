@@ -6,13 +6,12 @@
 
 namespace dsec::fs3 {
 
-std::string manifestToJson(const LayerManifest& m) {
-  nlohmann::json j = {
-      {"name", m.ref.name},   {"version", m.ref.version}, {"sha256", m.sha256}, {"size", m.size},
-      {"created", m.created}, {"built_on", m.built_on},   {"source", m.source},
-  };
-  return j.dump(2) + "\n";
+nlohmann::json LayerManifest::toJson() const {
+  return {{"name", ref.name},   {"version", ref.version}, {"sha256", sha256}, {"size", size},
+          {"created", created}, {"built_on", built_on},   {"source", source}};
 }
+
+std::string manifestToJson(const LayerManifest& m) { return m.toJson().dump(2) + "\n"; }
 
 Result<LayerManifest> manifestFromJson(const std::string& text, const std::string& what) {
   try {

@@ -37,6 +37,7 @@
 #include "dsec/launcher/Gateway.h"
 #include "dsec/launcher/HttpServer.h"
 #include "dsec/launcher/Serve.h"
+#include "dsec/launcher/StopSignals.h"
 #include "dsec/placement/NodeModel.h"
 
 namespace {
@@ -151,30 +152,8 @@ Args parseArgs(int argc, char** argv) {
 
 // ---- signals ------------------------------------------------------------------------------------------
 
-int g_signal_pipe[2] = {-1, -1};
-void onStopSignal(int sig) {
-  int saved = errno;
-  char c = static_cast<char>(sig);
-  (void)!::write(g_signal_pipe[1], &c, 1);
-  errno = saved;
-}
-void installStopSignals() {
-  if (::pipe2(g_signal_pipe, O_CLOEXEC | O_NONBLOCK) != 0) return;
-  // A handler, not a blocked mask: sandbox processes would inherit a blocked mask.
-  struct sigaction sa {};
-  sa.sa_handler = onStopSignal;
-  sigemptyset(&sa.sa_mask);
-  sa.sa_flags = SA_RESTART;
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
-}
 // Waits up to timeout_ms for a stop signal; true if one came.
-bool waitForStop(int timeout_ms) {
-  struct pollfd pfd = {g_signal_pipe[0], POLLIN, 0};
-  int n = ::poll(&pfd, 1, timeout_ms);
-  char c;
-  return n > 0 && ::read(g_signal_pipe[0], &c, 1) == 1;
-}
+bool waitForStop(int timeout_ms) { return waitForStopSignal(timeout_ms) != 0; }
 
 // ---- node identity ------------------------------------------------------------------------------------
 
@@ -343,7 +322,7 @@ int runGatewayOnly(const Args& args) {
       }
     }
   }
-  installStopSignals();
+  (void)installStopSignals();
   HttpServerOptions ho;
   ho.listen = (args.address.empty() ? std::string("0.0.0.0") : args.address) + ":" + std::to_string(args.port);
   auto server = HttpServer::start(ho, &gateway);
@@ -471,7 +450,7 @@ int runJoin(const Args& args) {
     DSEC_LOG(kError, kLog) << ep.error().message();
     return 1;
   }
-  installStopSignals();
+  (void)installStopSignals();
   auto node = startNode(args, token, ep->host);
   if (!node.ok()) {
     DSEC_LOG(kError, kLog) << "starting the node: " << node.error().message();
@@ -527,7 +506,7 @@ int runLaunch(const Args& args, int argc, char** argv) {
   if (!args.no_mpi) MPI_Bcast(token_buf, sizeof(token_buf), MPI_CHAR, 0, MPI_COMM_WORLD);
   std::string token(token_buf);
 
-  installStopSignals();
+  (void)installStopSignals();
   // 2. every rank starts its node
   auto node = startNode(args, token, "");
   std::string blob_text =

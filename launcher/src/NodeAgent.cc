@@ -429,18 +429,9 @@ Result<SandboxLease> NodeAgent::use(const std::string& id) {
 }
 
 void NodeAgent::adoptAll() {
-  DIR* dir = opendir(stateDir().c_str());
-  if (!dir) return;
-  std::vector<std::string> files;
-  while (auto* ent = readdir(dir)) {
-    std::string name = ent->d_name;
-    if (name.find(".tmp-") != std::string::npos) {
-      ::unlinkat(dirfd(dir), name.c_str(), 0);  // a write cut short by a crash
-    } else if (name.size() > 5 && name.compare(name.size() - 5, 5, ".json") == 0) {
-      files.push_back(name);
-    }
-  }
-  closedir(dir);
+  auto listed = listStateFiles(stateDir());
+  if (!listed.ok()) return;
+  const std::vector<std::string>& files = *listed;
   int adopted = 0, reaped = 0;
   for (const auto& name : files) {
     std::string path = stateDir() + "/" + name;
@@ -704,15 +695,10 @@ Result<json> NodeAgent::layers() {
   DSEC_ASSIGN_OR_RETURN(auto manifests, store_.list());
   json out = json::array();
   for (const auto& m : manifests) {
-    out.push_back({{"name", m.ref.name},
-                   {"version", m.ref.version},
-                   {"sha256", m.sha256},
-                   {"size", m.size},
-                   {"created", m.created},
-                   {"built_on", m.built_on},
-                   {"source", m.source},
-                   {"mounted", mounter_->isMounted(m.ref)},
-                   {"refs", mounter_->refCount(m.ref)}});
+    json j = m.toJson();
+    j["mounted"] = mounter_->isMounted(m.ref);
+    j["refs"] = mounter_->refCount(m.ref);
+    out.push_back(std::move(j));
   }
   return json{{"layers", out}};
 }

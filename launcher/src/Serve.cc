@@ -16,6 +16,7 @@
 #include "dsec/launcher/HttpServer.h"
 #include "dsec/launcher/Metrics.h"
 #include "dsec/launcher/NodeAgent.h"
+#include "dsec/launcher/StopSignals.h"
 
 namespace dsec::launcher {
 namespace {
@@ -116,15 +117,6 @@ class EmbeddedNodeImpl : public EmbeddedNode {
   bool stopped_ = false;
 };
 
-int g_signal_pipe[2] = {-1, -1};
-
-void onStopSignal(int sig) {
-  int saved = errno;
-  char c = static_cast<char>(sig);
-  (void)!::write(g_signal_pipe[1], &c, 1);
-  errno = saved;
-}
-
 }  // namespace
 
 Result<std::unique_ptr<EmbeddedNode>> EmbeddedNode::start(const ServeOptions& options) {
@@ -134,35 +126,17 @@ Result<std::unique_ptr<EmbeddedNode>> EmbeddedNode::start(const ServeOptions& op
 }
 
 Status serveUntilSignal(const ServeOptions& options) {
-  // A self-pipe written by a handler rather than sigwait() with the signals blocked: a blocked mask would be
-  // inherited by every sandbox process the backend forks, while handlers reset to default at exec.
-  if (g_signal_pipe[0] < 0 && ::pipe2(g_signal_pipe, O_CLOEXEC | O_NONBLOCK) != 0) return Error::sys(errno, "pipe2");
-  struct sigaction sa {
-  }, old_int{}, old_term{};
-  sa.sa_handler = onStopSignal;
-  sigemptyset(&sa.sa_mask);
-  sa.sa_flags = SA_RESTART;
-  sigaction(SIGINT, &sa, &old_int);
-  sigaction(SIGTERM, &sa, &old_term);
-  auto restore = [&] {
-    sigaction(SIGINT, &old_int, nullptr);
-    sigaction(SIGTERM, &old_term, nullptr);
-  };
+  DSEC_TRY(installStopSignals());
   auto node = EmbeddedNode::start(options);
   if (!node.ok()) {
-    restore();
+    restoreStopSignals();
     return node.error();
   }
-  char sig = 0;
-  for (;;) {
-    struct pollfd pfd = {g_signal_pipe[0], POLLIN, 0};
-    int n = ::poll(&pfd, 1, -1);
-    if (n < 0 && errno == EINTR) continue;
-    if (n > 0 && ::read(g_signal_pipe[0], &sig, 1) == 1) break;
-  }
+  int sig = 0;
+  while (sig == 0) sig = waitForStopSignal(-1);
   DSEC_LOG(kInfo, kLog) << "got " << strsignal(sig) << ", stopping (sandboxes keep running)";
   // A second signal while stopping falls back to the default action, so an operator can still force it.
-  restore();
+  restoreStopSignals();
   (*node)->stop(false);
   return okStatus();
 }

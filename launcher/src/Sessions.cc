@@ -91,6 +91,22 @@ json Session::toJson() const {
               {"sandboxes", ids}};
 }
 
+Result<std::vector<std::string>> listStateFiles(const std::string& dir_path) {
+  DIR* dir = opendir(dir_path.c_str());
+  if (!dir) return Error::sys(errno, "opendir " + dir_path);
+  std::vector<std::string> files;
+  while (auto* ent = readdir(dir)) {
+    std::string name = ent->d_name;
+    if (name.find(".tmp-") != std::string::npos) {
+      ::unlinkat(dirfd(dir), name.c_str(), 0);  // a write cut short by a crash
+    } else if (name.size() > 5 && name.compare(name.size() - 5, 5, ".json") == 0) {
+      files.push_back(name);
+    }
+  }
+  closedir(dir);
+  return files;
+}
+
 Status writeStateFile(const std::string& path, const std::string& text) {
   std::string tmp = path + ".tmp-" + randomHex(8);
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
@@ -120,18 +136,7 @@ SessionTable::SessionTable(std::string dir) : dir_(std::move(dir)) {}
 
 Status SessionTable::load() {
   if (auto made = makeDirs(dir_, 0700); !made.ok()) return made.error().wrap("creating the session directory");
-  DIR* dir = opendir(dir_.c_str());
-  if (!dir) return Error::sys(errno, "opendir " + dir_);
-  std::vector<std::string> files;
-  while (auto* ent = readdir(dir)) {
-    std::string name = ent->d_name;
-    if (name.find(".tmp-") != std::string::npos) {
-      ::unlinkat(dirfd(dir), name.c_str(), 0);  // a write cut short by a crash
-    } else if (name.size() > 5 && name.compare(name.size() - 5, 5, ".json") == 0) {
-      files.push_back(name);
-    }
-  }
-  closedir(dir);
+  DSEC_ASSIGN_OR_RETURN(std::vector<std::string> files, listStateFiles(dir_));
   std::lock_guard lock(mu_);
   for (const auto& file : files) {
     std::string path = dir_ + "/" + file;

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -23,6 +24,9 @@ struct LayerManifest {
   std::string created;   // RFC 3339 UTC
   std::string built_on;  // image it was built on ("" for a base layer)
   std::string source;    // how: "dir:/path", "debootstrap:bookworm", "run:<cmd>"
+
+  // {"name","version","sha256","size","created","built_on","source"}: manifest.json, `layer ls --json`, the API.
+  nlohmann::json toJson() const;
 };
 
 class StagingDir;

@@ -55,6 +55,8 @@ struct Session {
 // Writes text to path through a temp file + rename (no fsync: these files only matter while the node's
 // sandboxes live, which no power loss survives). Mode 0600.
 Status writeStateFile(const std::string& path, const std::string& text);
+// The *.json state files in dir (names only), after deleting the temp files of writes a crash cut short.
+Result<std::vector<std::string>> listStateFiles(const std::string& dir);
 
 class SessionTable {
  public:
