@@ -17,7 +17,8 @@ namespace {
 
 using nlohmann::json;
 constexpr const char* kLog = "api";
-constexpr size_t kFileChunk = 256 * 1024;
+constexpr size_t kFileChunk = size_t{256} * 1024;
+constexpr size_t kStderrKept = size_t{64} * 1024;  // of a tar run, for its error message
 constexpr uint64_t kDiscardLimit = 1 << 20;
 
 Status writeAll(int fd, const char* data, size_t size) {
@@ -117,7 +118,7 @@ class TarSink : public backends::ExecSink {
   }
   bool onStderr(const char* data, size_t size) override {
     std::lock_guard lock(mu_);
-    if (stderr_.size() < 64 * 1024) stderr_.append(data, std::min(size, 64 * 1024 - stderr_.size()));
+    if (stderr_.size() < kStderrKept) stderr_.append(data, std::min(size, kStderrKept - stderr_.size()));
     return true;
   }
   bool started() const { return started_; }

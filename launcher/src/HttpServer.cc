@@ -25,7 +25,7 @@ namespace {
 namespace net = boost::asio;
 using nlohmann::json;
 constexpr const char* kLog = "http";
-constexpr size_t kStreamBuffer = 256 * 1024;
+constexpr size_t kStreamBuffer = size_t{256} * 1024;
 
 std::string dumpJson(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
@@ -339,7 +339,6 @@ std::pair<int, std::string> httpStatusFor(ErrorCode code) {
     case ErrorCode::kNotFound:
       return {404, "not_found"};
     case ErrorCode::kAlreadyExists:
-      return {409, "conflict"};
     case ErrorCode::kConflict:
       return {409, "conflict"};
     case ErrorCode::kResourceExhausted:
@@ -351,7 +350,6 @@ std::pair<int, std::string> httpStatusFor(ErrorCode code) {
     case ErrorCode::kUnavailable:
       return {503, "unavailable"};
     case ErrorCode::kSystem:
-      return {500, "internal"};
     case ErrorCode::kInternal:
       return {500, "internal"};
   }

@@ -611,7 +611,7 @@ int runLaunch(const Args& args, int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int main(int argc, char** argv) try {
   Args args = parseArgs(argc, argv);
   if (const char* level = std::getenv("DSEC_LOG_LEVEL")) {
     LogLevel l;
@@ -620,4 +620,7 @@ int main(int argc, char** argv) {
   if (args.gateway_only) return runGatewayOnly(args);
   if (!args.join.empty()) return runJoin(args);
   return runLaunch(args, argc, argv);
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "dsec-launch: %s\n", e.what());
+  return 1;
 }

@@ -36,7 +36,7 @@ void Histogram::render(const std::string& name, std::string* out) const {
     std::string le = i < bounds_.size() ? formatDouble(bounds_[i]) : "+Inf";
     *out += name + "_bucket{le=\"" + le + "\"} " + std::to_string(cumulative) + "\n";
   }
-  *out += name + "_sum " + formatDouble(sum_micros_.load(std::memory_order_relaxed) / 1e6) + "\n";
+  *out += name + "_sum " + formatDouble(static_cast<double>(sum_micros_.load(std::memory_order_relaxed)) / 1e6) + "\n";
   *out += name + "_count " + std::to_string(count_.load(std::memory_order_relaxed)) + "\n";
 }
 

@@ -25,7 +25,7 @@ namespace {
 namespace net = boost::asio;
 using nlohmann::json;
 constexpr const char* kLog = "fleet";
-constexpr size_t kPiece = 64 * 1024;
+constexpr size_t kPiece = size_t{64} * 1024;
 
 Error transportError(const std::string& endpoint, const std::string& what, const boost::system::error_code& ec) {
   std::string why = ec == net::error::operation_aborted ? "node declared lost" : ec.message();
@@ -135,7 +135,7 @@ Result<HttpReply> call(const std::string& endpoint, http::verb method, const std
   if (ec) return transportError(endpoint, "reading the answer of", ec);
   HttpReply reply;
   auto& res = parser.get();
-  reply.status = res.result_int();
+  reply.status = static_cast<int>(res.result_int());
   reply.body = std::move(res.body());
   reply.headers = relayedHeaders(res.base());
   if (auto it = res.find(http::field::content_type); it != res.end()) {
@@ -217,7 +217,8 @@ Status forward(HttpExchange& ex, const std::string& endpoint, const std::string&
     if (auto cl = parser.content_length()) length = *cl;
   }
   if (parser.is_done()) length = 0;
-  if (!ex.beginStream(head.result_int(), content_type, length, relayedHeaders(head))) return okStatus();
+  if (!ex.beginStream(static_cast<int>(head.result_int()), content_type, length, relayedHeaders(head)))
+    return okStatus();
   std::vector<char> piece(kPiece);
   while (!parser.is_done()) {
     parser.get().body().data = piece.data();

@@ -252,7 +252,8 @@ void Gateway::markSeen(Node& node, const json* info) {
     if (info->contains("capacity"))
       node.memory_committed = (*info)["capacity"].value("memory_committed_bytes", int64_t{0});
     // /v1/node reports committed memory but not CPUs: estimate them from what the gateway placed there.
-    double cpus = node.reported_cpus >= 0 ? node.reported_cpus : node.sandboxes * node.cpus_per_sandbox;
+    double cpus =
+        node.reported_cpus >= 0 ? node.reported_cpus : static_cast<double>(node.sandboxes) * node.cpus_per_sandbox;
     if (info->contains("capacity") && (*info)["capacity"].contains("cpus_committed")) {
       cpus = (*info)["capacity"].value("cpus_committed", cpus);
     }
@@ -280,7 +281,8 @@ void Gateway::probeAll() {
   o.connect_timeout_ms = static_cast<int>(options_.probe_timeout_seconds * 1000);
   o.io_timeout_ms = o.connect_timeout_ms;
   std::vector<std::future<Result<fleet::HttpReply>>> futures;
-  for (const auto& [name, endpoint] : targets) {
+  for (const auto& target : targets) {
+    const std::string& endpoint = target.second;
     futures.push_back(std::async(std::launch::async, [this, endpoint, o] {
       return fleet::call(endpoint, http::verb::get, "/v1/node", options_.token, "", o);
     }));
