@@ -8,11 +8,10 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "dsec/common/Fd.h"
 #include "dsec/common/Result.h"
@@ -22,13 +21,13 @@ namespace dsec::backends {
 enum class NetworkMode { kNone, kHost };
 
 struct SandboxSpec {
-  std::string id;        // "<node>-<hex>", also the hostname inside
-  std::string image;     // "debian:12+python:3.11", for info
-  std::vector<std::string> lower_dirs;  // layer mount points, bottom first
-  int64_t memory_bytes = 0;             // 0 = unlimited
-  double cpus = 0;                      // 0 = unlimited
-  int64_t pids = 0;                     // 0 = unlimited
-  int64_t disk_bytes = 0;               // size of the writable upper (tmpfs); 0 = backend default
+  std::string id;                          // "<node>-<hex>", also the hostname inside
+  std::string image;                       // "debian:12+python:3.11", for info
+  std::vector<std::string> lower_dirs;     // layer mount points, bottom first
+  int64_t memory_bytes = 0;                // 0 = unlimited
+  double cpus = 0;                         // 0 = unlimited
+  int64_t pids = 0;                        // 0 = unlimited
+  int64_t disk_bytes = 0;                  // size of the writable upper (tmpfs); 0 = backend default
   std::map<std::string, std::string> env;  // default environment of every exec
   NetworkMode network = NetworkMode::kNone;
   // When set, the writable upper (and overlay workdir) live in this host directory instead of a tmpfs
@@ -37,7 +36,7 @@ struct SandboxSpec {
 };
 
 struct ExecRequest {
-  std::vector<std::string> argv;  // argv[0] looked up on the sandbox's PATH
+  std::vector<std::string> argv;           // argv[0] looked up on the sandbox's PATH
   std::map<std::string, std::string> env;  // on top of the sandbox's env
   std::string cwd = "/";
   std::string stdin_data;
@@ -45,16 +44,16 @@ struct ExecRequest {
   // command runs, for streaming tar uploads) and stdin_data is ignored. The caller keeps ownership; the
   // backend dup()s it into the command and does not close the caller's copy.
   int stdin_fd = -1;
-  double timeout_seconds = 0;  // 0 = none
+  double timeout_seconds = 0;     // 0 = none
   int64_t output_cap = 16 << 20;  // bytes kept per stream; the rest is drained and dropped
 };
 
 struct ExecResult {
-  int exit_code = -1;     // exit status; 128+N when killed by signal N
-  int signal = 0;         // the signal that killed it, else 0
-  bool timed_out = false; // the process group was killed at the timeout
-  bool truncated = false; // some output was dropped at the cap
-  bool oom_killed = false;// the sandbox's memory cgroup OOM-killed a process during the exec
+  int exit_code = -1;       // exit status; 128+N when killed by signal N
+  int signal = 0;           // the signal that killed it, else 0
+  bool timed_out = false;   // the process group was killed at the timeout
+  bool truncated = false;   // some output was dropped at the cap
+  bool oom_killed = false;  // the sandbox's memory cgroup OOM-killed a process during the exec
   std::string stdout_data;
   std::string stderr_data;
   double duration_seconds = 0;
