@@ -104,10 +104,15 @@ TEST_F(ContainerTest, NoHostNetwork) {
   auto conn = sh(sb, "echo hi | nc -w 1 127.0.0.1 " + std::to_string(port) + " && echo connected", 10);
   EXPECT_EQ(conn.stdout_data.find("connected"), std::string::npos) << conn.stdout_data;
   // Loopback inside works: a listener in the sandbox is reachable from the sandbox.
+  // Each round starts a listener, sends once and stops the listener, so neither a client that came too early
+  // nor one whose data was lost can hang the test on a loaded machine.
   auto lo = sh(sb,
-               "nc -l -p 7777 > /tmp/got & "
-               "for i in $(seq 100); do echo ping | nc 127.0.0.1 7777 2>/dev/null && break; usleep 50000; done; "
-               "wait; cat /tmp/got",
+               "for i in $(seq 20); do "
+               "  nc -l -p 7777 > /tmp/got & l=$!; usleep 100000; "
+               "  echo ping | nc -w 1 127.0.0.1 7777 2>/dev/null; usleep 100000; "
+               "  kill $l 2>/dev/null; wait $l 2>/dev/null; "
+               "  [ \"$(cat /tmp/got)\" = ping ] && break; "
+               "done; cat /tmp/got",
                30);
   EXPECT_EQ(lo.stdout_data, "ping\n");
   close(listener);
