@@ -187,7 +187,8 @@ CLIENT_ARG=n3 client after-join
 api POST /v1/fleet/nodes/n3/drain >/dev/null
 states_are "n1=healthy n2=healthy n3=draining" || fail "after drain: $(node_states)"
 client cleanup
-scancel --signal=TERM --full "$join"
+# Signal the step (dsec-launch), not the batch shell: a killed shell would end the job before the node left.
+scancel --signal=TERM "$join"
 wait_for 20 "n3 to leave the fleet" states_are "n1=healthy n2=healthy"
 log "n3 joined, drained and left"
 log "PASS"
