@@ -1,5 +1,6 @@
 #include "BusyboxRootfs.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -19,6 +20,7 @@ Status writeBusyboxRootfs(const std::string& dir) {
   for (const char* sub : {"bin", "sbin", "usr/bin", "usr/sbin", "etc", "dev", "proc", "sys", "tmp", "root", "work"}) {
     DSEC_TRY(makeDirs(dir + "/" + sub, 0755));
   }
+  if (chmod((dir + "/tmp").c_str(), 01777) != 0) return Error::sys(errno, "chmod " + dir + "/tmp");
   DSEC_TRY(runCommandChecked({"cp", busybox, dir + "/bin/busybox"}));
   DSEC_ASSIGN_OR_RETURN(std::string applets, runCommandChecked({busybox, "--list-full"}));
   for (const auto& line : split(applets, '\n')) {

@@ -70,11 +70,14 @@ def main():
         if "".join(d for _, d in chunks) != "1\n2\n3\n":
             fail(f"exec_stream through the gateway gave {chunks!r}")
         save(state_path, {"sandboxes": sandboxes})
-    elif phase == "check":
+    elif phase in ("check", "after-join"):
         sandboxes = load(state_path)["sandboxes"]
         for sid, node in sandboxes.items():
             check_sandbox(client, sid, node)
-        print(f"all {len(sandboxes)} sandboxes reachable with their files")
+        if phase == "check":
+            print(f"all {len(sandboxes)} sandboxes reachable with their files")
+        else:
+            print(f"node {arg} is back: all {len(sandboxes)} sandboxes reachable again")
     elif phase == "lost":
         sandboxes = load(state_path)["sandboxes"]
         lost = [s for s, n in sandboxes.items() if n == arg]
@@ -119,11 +122,6 @@ def main():
         print(f"{len(kept)} sandboxes of the other nodes serve; 6 new ones on {sorted(set(new.values()))}")
         sandboxes.update(new)
         save(state_path, {"sandboxes": sandboxes, "lost_node": arg})
-    elif phase == "after-join":
-        sandboxes = load(state_path)["sandboxes"]
-        for sid, node in sandboxes.items():
-            check_sandbox(client, sid, node)
-        print(f"node {arg} is back: all {len(sandboxes)} sandboxes reachable again")
     elif phase == "session":
         # A session through the gateway: its sandboxes spread over the nodes, the merged session lists all
         # of them, attach (as a requeued trainer would) returns them all, destroy removes them everywhere.

@@ -1,5 +1,8 @@
 #include "ApiFixture.h"
 
+#include <stdexcept>
+
+#include "BusyboxRootfs.h"
 #include "dsec/fs3/LayerStore.h"
 
 namespace dsec::testing {
@@ -9,7 +12,8 @@ void ApiTest::SetUp() {
   fs3::LayerStore store(root_->path());
   TempDir tree;
   try {
-    writeBusyboxRootfs(tree.path() + "/rootfs");
+    auto written = cli::writeBusyboxRootfs(tree.path() + "/rootfs");
+    if (!written.ok()) throw std::runtime_error(written.error().toString());
     auto built = store.buildFromDir({"busybox", "1"}, tree.path() + "/rootfs", "", "dir:busybox");
     if (!built.ok()) layer_error_ = built.error().toString();
   } catch (const std::exception& e) {

@@ -179,24 +179,6 @@ std::string HttpTestClient::raw(const std::string& bytes, double timeout_seconds
   return out;
 }
 
-void writeBusyboxRootfs(const std::string& dir) {
-  namespace fs = std::filesystem;
-  for (const char* sub : {"bin", "sbin", "usr/bin", "usr/sbin", "etc", "dev", "proc", "sys", "tmp", "root"}) {
-    fs::create_directories(dir + "/" + sub);
-  }
-  fs::copy_file("/bin/busybox", dir + "/bin/busybox");
-  auto applets = runCommandChecked({"/bin/busybox", "--list-full"});
-  if (!applets.ok()) throw std::runtime_error(applets.error().message());
-  for (const auto& line : split(*applets, '\n')) {
-    std::string applet = trim(line);
-    if (applet.empty() || applet == "bin/busybox") continue;
-    if (fs::exists(fs::symlink_status(dir + "/" + applet))) continue;
-    fs::create_symlink("/bin/busybox", dir + "/" + applet);
-  }
-  std::ofstream(dir + "/etc/passwd") << "root:x:0:0:root:/root:/bin/sh\n";
-  std::ofstream(dir + "/etc/motd") << "busybox test layer\n";
-}
-
 namespace {
 int64_t statusField(const char* key) {
   std::ifstream in("/proc/self/status");

@@ -61,8 +61,6 @@ class HttpTestClient {
   boost::beast::flat_buffer buffer_;
 };
 
-// A tree with bin/busybox and its applet symlinks, /etc, /tmp, ... for a test layer.
-void writeBusyboxRootfs(const std::string& dir);
 // Resident and peak resident memory of this process in bytes (VmRSS/VmHWM); resetPeakRss() restarts VmHWM.
 int64_t residentBytes();
 int64_t peakResidentBytes();
