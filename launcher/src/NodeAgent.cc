@@ -574,6 +574,10 @@ void NodeAgent::reapSessions() {
     for (const auto& id : ids) pauseForLease(id, name);
   }
   for (const auto& [name, ids] : due.expired) {
+    // The session goes first, so that once any of its sandboxes is seen gone the session is too, and no
+    // attach can renew a session whose sandboxes are being destroyed. A crash in between is safe: a restart
+    // finds the remaining sandboxes without a session file and restores the session lapsed.
+    sessions_->erase(name);
     int destroyed = 0;
     for (const auto& id : ids) {
       if (destroy(id, "retention of session " + name + " passed").ok()) {
@@ -581,7 +585,6 @@ void NodeAgent::reapSessions() {
         metrics_->reaped_total++;
       }
     }
-    sessions_->erase(name);
     DSEC_LOG(kInfo, kLog) << "session " << name << " dropped: lapsed for its whole retention, destroyed " << destroyed
                           << " sandbox(es)";
   }
