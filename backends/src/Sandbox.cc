@@ -14,4 +14,14 @@ const char* sandboxStateName(SandboxState state) {
   return "unknown";
 }
 
+const char* cpuQosName(CpuQos qos) {
+  switch (qos) {
+    case CpuQos::kBatch:
+      return "batch";
+    case CpuQos::kLatency:
+      return "latency";
+  }
+  return "unknown";
+}
+
 }  // namespace dsec::backends

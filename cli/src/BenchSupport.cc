@@ -62,6 +62,10 @@ Result<BenchTarget> openBenchTarget(const BenchTargetOptions& options) {
   serve.node_name = "bench";
   serve.write_fleet_file = false;
   serve.max_sandboxes = options.max_sandboxes;
+  serve.density.overcommit = options.overcommit;
+  serve.memory_capacity_bytes = options.memory_capacity_bytes;
+  if (!options.fncall) serve.fncall.max_workers = 0;
+  serve.cpu_qos = options.cpu_qos;
   DSEC_ASSIGN_OR_RETURN(target.node, launcher::EmbeddedNode::start(serve));
   target.address = FleetAddress{target.node->endpoint(), target.node->token()};
   return target;

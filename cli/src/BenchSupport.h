@@ -23,6 +23,10 @@ struct BenchTargetOptions {
   std::string fleet;
   std::string image;  // empty: bench-busybox:1, built in root if missing
   int64_t max_sandboxes = 4096;
+  bool overcommit = true;             // embedded node: the density controller (false: static limits)
+  int64_t memory_capacity_bytes = 0;  // embedded node: memory admission counts against (0: physical)
+  bool fncall = true;                 // embedded node: warm fncall workers (false: none)
+  bool cpu_qos = true;                // embedded node: CPU QoS
 };
 
 struct BenchTarget {

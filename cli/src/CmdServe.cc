@@ -16,7 +16,19 @@ int cmdServe(const Invocation& inv) {
       "node-name", po::value<std::string>(&options.node_name)->default_value(options.node_name),
       "node name (prefix of sandbox ids)")(
       "max-sandboxes", po::value<int64_t>(&options.max_sandboxes)->default_value(options.max_sandboxes),
-      "admission limit of this node")("no-fleet-file", po::bool_switch(), "do not write the fleet file");
+      "admission limit of this node")("no-fleet-file", po::bool_switch(), "do not write the fleet file")(
+      "simulate", po::bool_switch(&options.simulate),
+      "simulated node: admits sandboxes without starting them (no processes; exec and files get 501)")(
+      "overcommit", po::value<std::string>()->default_value("on"),
+      "on: overcommit under the density controller; off: static limits (ratio 1.0, no actions)")(
+      "memory-capacity", po::value<std::string>(), "memory admission counts against (default: physical memory)")(
+      "fncall-image", po::value<std::string>(&options.fncall.image)->default_value(options.fncall.image),
+      "default image of POST /v1/call (examples/rollout.py builds debian:12+python:3.11)")(
+      "fncall-workers", po::value<int>(&options.fncall.max_workers)->default_value(options.fncall.max_workers),
+      "warm fncall workers at most (0 disables fncall)")(
+      "fncall-queue-wait",
+      po::value<double>(&options.fncall.queue_wait_seconds)->default_value(options.fncall.queue_wait_seconds),
+      "seconds a call waits for a free worker before 429 capacity");
   po::variables_map vm;
   if (!parseCommandLine(inv, inv.args, desc, {}, "[--listen ADDR:PORT] [--root DIR] [--fleet-name NAME]", &vm,
                         &common)) {
@@ -24,6 +36,14 @@ int cmdServe(const Invocation& inv) {
   }
   if (options.listen.find(':') == std::string::npos) throw UsageError("--listen wants ADDR:PORT");
   if (options.max_sandboxes <= 0) throw UsageError("--max-sandboxes must be > 0");
+  if (options.fncall.max_workers < 0) throw UsageError("--fncall-workers must be >= 0");
+  if (!(options.fncall.queue_wait_seconds >= 0)) throw UsageError("--fncall-queue-wait must be >= 0");
+  std::string overcommit = vm["overcommit"].as<std::string>();
+  if (overcommit != "on" && overcommit != "off") throw UsageError("--overcommit wants on or off");
+  options.density.overcommit = overcommit == "on";
+  if (vm.count("memory-capacity")) {
+    options.memory_capacity_bytes = parseSizeOption("memory-capacity", vm["memory-capacity"].as<std::string>());
+  }
   options.root = common.root;
   options.write_fleet_file = !vm["no-fleet-file"].as<bool>();
   Status served = launcher::serveUntilSignal(options);

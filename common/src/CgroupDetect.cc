@@ -23,6 +23,27 @@ uint64_t cpuWeightToShares(uint64_t weight) {
   return std::clamp<uint64_t>(shares, 2, 262144);
 }
 
+Status validateCpusetList(const std::string& list, const std::string& field) {
+  // Goes into a cgroup file verbatim: only the list syntax, so nothing else can be written there.
+  size_t pos = 0;
+  while (pos < list.size()) {
+    size_t end = list.find(',', pos);
+    if (end == std::string::npos) end = list.size();
+    std::string item = list.substr(pos, end - pos);
+    size_t dash = item.find('-');
+    auto number = [](const std::string& s) -> long {
+      if (s.empty() || s.size() > 5 || s.find_first_not_of("0123456789") != std::string::npos) return -1;
+      return std::stol(s);
+    };
+    long lo = number(dash == std::string::npos ? item : item.substr(0, dash));
+    long hi = dash == std::string::npos ? lo : number(item.substr(dash + 1));
+    if (lo < 0 || hi < lo) return Error::invalid(field + " must be a list like \"0-3,8\", got \"" + list + "\"");
+    pos = end + 1;
+    if (end == list.size() - 1) return Error::invalid(field + " must not end with ',', got \"" + list + "\"");
+  }
+  return okStatus();
+}
+
 Status validateCgroupLimits(const CgroupLimits& limits) {
   if (limits.memory_bytes < 0) return Error::invalid("memory limit must not be negative");
   // cpus is a double from user input: NaN and infinities are as wrong as negatives. 4096 CPUs is far beyond any node.
@@ -33,6 +54,8 @@ Status validateCgroupLimits(const CgroupLimits& limits) {
   if (limits.cpu_weight > 10000) {
     return Error::invalid("cpu weight must be between 1 and 10000, got " + std::to_string(limits.cpu_weight));
   }
+  DSEC_TRY(validateCpusetList(limits.cpuset_cpus, "cpuset cpus"));
+  DSEC_TRY(validateCpusetList(limits.cpuset_mems, "cpuset mems"));
   return okStatus();
 }
 

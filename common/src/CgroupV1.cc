@@ -1,7 +1,8 @@
 // cgroup v1: each controller is its own hierarchy under root/<controller>, so a sandbox is one directory per
 // hierarchy (memory, cpu, cpuacct where mounted apart, pids, freezer) and every operation fans out over them.
-// cpuset is deliberately not used: a new cpuset cgroup starts with empty cpus/mems and refuses tasks until
-// they are copied from the parent, and we do not pin sandboxes to CPUs yet.
+// cpuset (CPU QoS: latency sandboxes get dedicated cores, batch ones the shared pool) is used where mounted. A new
+// cpuset cgroup starts with empty cpus/mems and refuses tasks until they are set, so every directory the driver
+// makes there gets them: the given values, else (clone_children, or an explicit copy) the parent's.
 #include <signal.h>
 
 #include <algorithm>
@@ -27,6 +28,7 @@ struct V1Layout {
   std::string cpuacct;  // hierarchy holding cpuacct.usage: cpu's, a separate "cpuacct", or "" if none
   std::string pids = "pids";
   std::string freezer = "freezer";
+  std::string cpuset;                    // "cpuset" where mounted, else "" (then no cpuset can be asked for)
   std::vector<std::string> hierarchies;  // creation order; removal goes backwards
   std::string missing;                   // required controllers not found (", "-separated)
 };
@@ -59,6 +61,10 @@ V1Layout probeLayout(CgroupFs& fs, const std::string& root, const std::string& p
   }
   l.hierarchies.push_back(l.pids);
   l.hierarchies.push_back(l.freezer);
+  if (mounted("cpuset")) {
+    l.cpuset = "cpuset";
+    l.hierarchies.push_back(l.cpuset);
+  }
   for (size_t i = 0; i < missing.size(); ++i) l.missing += (i ? ", " : "") + missing[i];
   return l;
 }
@@ -106,12 +112,25 @@ class CgroupV1 final : public Cgroup {
       if (!fresh) DSEC_TRY(write(layout_->cpu, "cpu.cfs_period_us", std::to_string(kCpuPeriodUsec)));
       DSEC_TRY(write(layout_->cpu, "cpu.cfs_quota_us", std::to_string(cpuQuotaUsec(limits.cpus))));
     }
+    // The kernel refuses cpu.shares (EINVAL) while cpu.idle is 1: idle off first, shares, then idle on.
+    const bool has_idle = fs_->exists(file(layout_->cpu, "cpu.idle"));
+    if (has_idle && !fresh) DSEC_TRY(write(layout_->cpu, "cpu.idle", "0"));
     if (limits.cpu_weight > 0 || !fresh) {
       DSEC_TRY(write(layout_->cpu, "cpu.shares", std::to_string(cpuWeightToShares(limits.cpu_weight))));
     }
+    if (has_idle && limits.cpu_idle) DSEC_TRY(write(layout_->cpu, "cpu.idle", "1"));
     if (limits.pids > 0 || !fresh) {
       DSEC_TRY(write(layout_->pids, "pids.max", limits.pids > 0 ? std::to_string(limits.pids) : "max"));
     }
+    return applyCpuset(limits.cpuset_cpus, limits.cpuset_mems, fresh);
+  }
+
+  Status setCpuset(const std::string& cpus, const std::string& mems) override {
+    DSEC_TRY(validateCpusetList(cpus, "cpuset cpus"));
+    DSEC_TRY(validateCpusetList(mems, "cpuset mems"));
+    if (layout_->cpuset.empty()) return noCpuset();
+    if (!mems.empty()) DSEC_TRY(write(layout_->cpuset, "cpuset.mems", mems));
+    if (!cpus.empty()) DSEC_TRY(write(layout_->cpuset, "cpuset.cpus", cpus));
     return okStatus();
   }
 
@@ -216,6 +235,34 @@ class CgroupV1 final : public Cgroup {
   }
 
  private:
+  Status noCpuset() const {
+    return Error(ErrorCode::kUnsupported,
+                 "cgroup " + name_ + ": no cpuset hierarchy mounted under " + layout_->root + " (cannot pin CPUs)");
+  }
+
+  // Every cpuset cgroup needs cpus and mems before it takes a task. Given values are written; otherwise a fresh
+  // cgroup keeps what clone_children copied, or gets the parent's (which an existing one is reset to).
+  Status applyCpuset(const std::string& cpus, const std::string& mems, bool fresh) {
+    if (layout_->cpuset.empty()) {
+      if (!cpus.empty() || !mems.empty()) return noCpuset();
+      return okStatus();
+    }
+    std::string parent_dir = joinPath(joinPath(layout_->root, layout_->cpuset), layout_->parent);
+    for (const char* leaf : {"cpuset.mems", "cpuset.cpus"}) {
+      std::string value = std::string(leaf) == "cpuset.mems" ? mems : cpus;
+      if (value.empty()) {
+        if (fresh) {
+          DSEC_ASSIGN_OR_RETURN(std::string current, fs_->readFile(file(layout_->cpuset, leaf)));
+          if (!trimView(current).empty()) continue;
+        }
+        DSEC_ASSIGN_OR_RETURN(std::string inherited, fs_->readFile(joinPath(parent_dir, leaf)));
+        value = std::string(trimView(inherited));
+      }
+      DSEC_TRY(write(layout_->cpuset, leaf, value));
+    }
+    return okStatus();
+  }
+
   Status write(const std::string& hierarchy, const char* leaf, const std::string& value) {
     Status s = fs_->writeFile(file(hierarchy, leaf), value);
     if (!s.ok()) return s.error().wrap("cgroup " + name_ + ": setting " + leaf);
@@ -365,7 +412,40 @@ class CgroupV1Driver final : public CgroupDriver {
       Status s = makeDirsUnder(*fs_, joinPath(layout_->root, h), layout_->parent);
       if (!s.ok()) return s.error().wrap("creating parent cgroup " + layout_->parent + " in " + h);
     }
+    if (!layout_->cpuset.empty()) {
+      Status s = prepareCpusetParents();
+      if (!s.ok()) return s.error().wrap("preparing parent cgroup " + layout_->parent + " in cpuset");
+    }
     parent_ready_ = true;
+    return okStatus();
+  }
+
+  // Each directory from the hierarchy's root down to <parent> gets its parent's cpus/mems where still empty (a
+  // directory made by mkdir has none), and <parent> gets clone_children so sandboxes start with the pool.
+  Status prepareCpusetParents() {
+    std::string cur = joinPath(layout_->root, layout_->cpuset);
+    const std::string& rel = layout_->parent;
+    size_t pos = 0;
+    while (pos <= rel.size()) {
+      size_t end = rel.find('/', pos);
+      if (end == std::string::npos) end = rel.size();
+      if (end > pos) {
+        std::string child = joinPath(cur, rel.substr(pos, end - pos));
+        for (const char* leaf : {"cpuset.mems", "cpuset.cpus"}) {
+          DSEC_ASSIGN_OR_RETURN(std::string mine, fs_->readFile(joinPath(child, leaf)));
+          if (!trimView(mine).empty()) continue;
+          DSEC_ASSIGN_OR_RETURN(std::string theirs, fs_->readFile(joinPath(cur, leaf)));
+          DSEC_TRY(fs_->writeFile(joinPath(child, leaf), std::string(trimView(theirs))));
+        }
+        cur = child;
+      }
+      pos = end + 1;
+    }
+    std::string clone = joinPath(cur, "cgroup.clone_children");
+    if (fs_->exists(clone)) {
+      Status s = fs_->writeFile(clone, "1");
+      if (!s.ok()) DSEC_LOG(kDebug, "cgroup") << "clone_children: " << s.error().message();
+    }
     return okStatus();
   }
 

@@ -18,6 +18,9 @@ namespace {
 using namespace cgroup_internal;
 
 constexpr const char* kWantedControllers[] = {"memory", "cpu", "pids"};
+// Enabled where the root offers it, but never required: a delegated subtree without cpuset still runs sandboxes
+// (only CPU pinning is refused, with an error saying why).
+constexpr const char* kOptionalControllers[] = {"cpuset"};
 
 std::vector<std::string> words(std::string_view text) {
   std::vector<std::string> out;
@@ -40,6 +43,7 @@ struct V2Layout {
   std::string root;
   std::string parent;
   std::vector<std::string> controllers;  // of kWantedControllers, those the root offers
+  std::vector<std::string> optional;     // of kOptionalControllers, those the root offers
 };
 
 class CgroupV2 final : public Cgroup {
@@ -76,12 +80,39 @@ class CgroupV2 final : public Cgroup {
           (quota < 0 ? std::string("max") : std::to_string(quota)) + " " + std::to_string(kCpuPeriodUsec);
       DSEC_TRY(write("cpu.max", value));
     }
+    // The kernel refuses cpu.weight (EINVAL) while cpu.idle is 1: idle off first, weight, then idle on.
+    const bool has_idle = fs_->exists(file("cpu.idle"));
+    if (has_idle && !fresh) DSEC_TRY(write("cpu.idle", "0"));
     if (limits.cpu_weight > 0 || !fresh) {
       DSEC_TRY(write("cpu.weight", std::to_string(limits.cpu_weight > 0 ? limits.cpu_weight : 100)));
     }
+    if (has_idle && limits.cpu_idle) DSEC_TRY(write("cpu.idle", "1"));
     if (limits.pids > 0 || !fresh) {
       DSEC_TRY(write("pids.max", limits.pids > 0 ? std::to_string(limits.pids) : "max"));
     }
+    // v2 cpusets inherit: an empty cpuset.cpus means the parent's, so only given values (or a reset) are written.
+    if (!fresh && hasCpuset()) {
+      DSEC_TRY(write("cpuset.mems", limits.cpuset_mems));
+      DSEC_TRY(write("cpuset.cpus", limits.cpuset_cpus));
+      return okStatus();
+    }
+    return setCpuset(limits.cpuset_cpus, limits.cpuset_mems);
+  }
+
+  bool hasCpuset() { return fs_->exists(file("cpuset.cpus")); }
+
+  Status setCpuset(const std::string& cpus, const std::string& mems) override {
+    DSEC_TRY(validateCpusetList(cpus, "cpuset cpus"));
+    DSEC_TRY(validateCpusetList(mems, "cpuset mems"));
+    if (cpus.empty() && mems.empty()) return okStatus();
+    if (!hasCpuset()) {
+      return Error(ErrorCode::kUnsupported,
+                   "cgroup " + name_ + ": the cpuset controller is not enabled in " +
+                       joinPath(joinPath(layout_->root, layout_->parent), "cgroup.subtree_control") +
+                       " (the root does not offer it or it could not be enabled): cannot pin CPUs");
+    }
+    if (!mems.empty()) DSEC_TRY(write("cpuset.mems", mems));
+    if (!cpus.empty()) DSEC_TRY(write("cpuset.cpus", cpus));
     return okStatus();
   }
 
@@ -215,6 +246,9 @@ class CgroupV2Driver final : public CgroupDriver {
       for (const char* c : kWantedControllers) {
         if (contains(have, c)) layout->controllers.emplace_back(c);
       }
+      for (const char* c : kOptionalControllers) {
+        if (contains(have, c)) layout->optional.emplace_back(c);
+      }
     }
     layout_ = std::move(layout);
   }
@@ -299,7 +333,7 @@ class CgroupV2Driver final : public CgroupDriver {
   }
 
   Status enableControllers(const std::string& dir) {
-    if (layout_->controllers.empty()) return okStatus();
+    if (layout_->controllers.empty() && layout_->optional.empty()) return okStatus();
     std::string subtree_path = joinPath(dir, "cgroup.subtree_control");
     DSEC_ASSIGN_OR_RETURN(std::string enabled_text, fs_->readFile(subtree_path));
     auto enabled = words(enabled_text);
@@ -307,9 +341,15 @@ class CgroupV2Driver final : public CgroupDriver {
     for (const auto& c : layout_->controllers) {
       if (!contains(enabled, c)) request += (request.empty() ? "+" : " +") + c;
     }
-    if (request.empty()) return okStatus();
-    Status s = fs_->writeFile(subtree_path, request);
-    if (!s.ok()) return s.error().wrap("enabling controllers '" + request + "'");
+    if (!request.empty()) {
+      Status s = fs_->writeFile(subtree_path, request);
+      if (!s.ok()) return s.error().wrap("enabling controllers '" + request + "'");
+    }
+    for (const auto& c : layout_->optional) {
+      if (contains(enabled, c)) continue;
+      Status s = fs_->writeFile(subtree_path, "+" + c);
+      if (!s.ok()) DSEC_LOG(kInfo, "cgroup") << "cannot enable " << c << " in " << dir << ": " << s.error().message();
+    }
     return okStatus();
   }
 

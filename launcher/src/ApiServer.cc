@@ -278,6 +278,8 @@ void ApiServer::dispatch(HttpExchange& ex, const RouteMatch& m) {
     }
     case Op::kCreateSandbox:
       return createSandbox(ex);
+    case Op::kCall:
+      return call(ex);
     case Op::kGetSandbox: {
       auto info = agent_->info(id);
       if (!info.ok()) return sendResultError(ex, info.error());

@@ -61,16 +61,19 @@ struct Args {
   std::string address;  // advertised address (default: the interface that routes to srun's host)
   std::string node_name;
   int64_t max_sandboxes = 4096;
+  std::string fncall_image;  // default image of POST /v1/call ("" = the node default)
   double cpu_overcommit = 8.0;
   double memory_overcommit = 1.0;
   double drain_timeout = 30;
   double lost_after = 3.0;
+  bool simulate = false;  // simulated node agents (no sandbox processes; docs/fleet.md)
 };
 
 [[noreturn]] void usage(int code) {
   std::cerr << "usage: dsec-launch [--fleet NAME] [--root DIR] [--state-dir DIR] [--port N] [--node-port N]\n"
                "                   [--address ADDR] [--node-name NAME] [--max-sandboxes N] [--cpu-overcommit X]\n"
-               "                   [--memory-overcommit X] [--lost-after SECONDS] [--no-mpi]\n"
+               "                   [--memory-overcommit X] [--lost-after SECONDS] [--fncall-image IMAGE] [--no-mpi]\n"
+               "                   [--simulate]\n"
                "       dsec-launch --join NAME [--root DIR] [--drain-timeout SECONDS] ...\n"
                "       dsec-launch --gateway-only --fleet NAME --token-file F [--seed F] [--port N] [--port-file F]\n"
                "Defaults: --fleet $DSEC_FLEET or rollout; --root $DSEC_ROOT or /var/lib/dsec.\n";
@@ -118,6 +121,8 @@ Args parseArgs(int argc, char** argv) {
       a.gateway_only = true;
     else if (k == "--no-mpi")
       a.no_mpi = true;
+    else if (k == "--simulate")
+      a.simulate = true;
     else if (k == "--token-file")
       a.token_file = value();
     else if (k == "--seed")
@@ -130,6 +135,8 @@ Args parseArgs(int argc, char** argv) {
       a.node_name = value();
     else if (k == "--max-sandboxes")
       a.max_sandboxes = static_cast<int64_t>(number(1));
+    else if (k == "--fncall-image")
+      a.fncall_image = value();
     else if (k == "--cpu-overcommit")
       a.cpu_overcommit = number(0.01);
     else if (k == "--memory-overcommit")
@@ -292,6 +299,8 @@ Result<RunningNode> startNode(const Args& args, const std::string& token, const 
   o.node_name = r.name;
   o.write_fleet_file = false;
   o.max_sandboxes = args.max_sandboxes;
+  if (!args.fncall_image.empty()) o.fncall.image = args.fncall_image;
+  o.simulate = args.simulate;
   DSEC_ASSIGN_OR_RETURN(r.node, EmbeddedNode::start(o));
   r.endpoint = r.node->endpoint();
   return r;

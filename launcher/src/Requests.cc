@@ -162,7 +162,7 @@ Result<std::map<std::string, std::string>> parseLabelsField(const json& v) {
 Result<CreateParams> parseCreateRequest(const json& body, int64_t node_memory_bytes) {
   if (!body.is_object()) return Error::invalid("request body must be a JSON object");
   DSEC_TRY(checkKnownKeys(body, {"image", "backend", "cpus", "memory", "disk", "pids", "timeout", "idle_timeout", "env",
-                                 "labels", "network", "session"}));
+                                 "labels", "network", "session", "qos"}));
   CreateParams p;
   if (!body.contains("image")) return fieldError("image", "required");
   DSEC_ASSIGN_OR_RETURN(std::string image, stringField(body["image"], "image"));
@@ -228,6 +228,20 @@ Result<CreateParams> parseCreateRequest(const json& body, int64_t node_memory_by
     } else {
       return fieldError("network", "expected \"none\" or \"host\", got \"" + net + "\"");
     }
+  }
+  if (body.contains("qos")) {
+    DSEC_ASSIGN_OR_RETURN(std::string qos, stringField(body["qos"], "qos"));
+    if (qos == "batch") {
+      p.qos = backends::CpuQos::kBatch;
+    } else if (qos == "latency") {
+      p.qos = backends::CpuQos::kLatency;
+    } else {
+      return fieldError("qos", "expected \"latency\" or \"batch\", got \"" + qos + "\"");
+    }
+  }
+  // Latency sandboxes get ceil(cpus) dedicated cores: "unlimited" has no core count.
+  if (p.qos == backends::CpuQos::kLatency && !(p.cpus > 0)) {
+    return fieldError("qos", "\"latency\" needs cpus > 0 (the cores to dedicate)");
   }
   if (body.contains("session") && !body["session"].is_null()) {
     DSEC_ASSIGN_OR_RETURN(p.session, stringField(body["session"], "session"));

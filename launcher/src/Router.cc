@@ -109,6 +109,8 @@ RouteMatch matchRoute(http::verb method, std::string_view target) {
     candidates = {{http::verb::get, Op::kNodeInfo}};
   } else if (is({"v1", "layers"})) {
     candidates = {{http::verb::get, Op::kListLayers}};
+  } else if (is({"v1", "call"})) {
+    candidates = {{http::verb::post, Op::kCall}};
   } else if (is({"v1", "sandboxes"})) {
     candidates = {{http::verb::get, Op::kListSandboxes}, {http::verb::post, Op::kCreateSandbox}};
   } else if (segs.size() >= 3 && segs[0] == "v1" && segs[1] == "sandboxes") {
@@ -190,6 +192,7 @@ BodyKind bodyKind(Op op) {
     case Op::kExecStream:
     case Op::kPutSession:
     case Op::kAttachSession:
+    case Op::kCall:
       return BodyKind::kJson;
     case Op::kWriteFile:
     case Op::kPutTar:
@@ -249,6 +252,8 @@ const char* opName(Op op) {
       return "delete-session";
     case Op::kAttachSession:
       return "attach-session";
+    case Op::kCall:
+      return "call";
   }
   return "?";
 }

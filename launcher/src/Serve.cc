@@ -16,6 +16,7 @@
 #include "dsec/launcher/HttpServer.h"
 #include "dsec/launcher/Metrics.h"
 #include "dsec/launcher/NodeAgent.h"
+#include "dsec/launcher/SimulatedBackend.h"
 #include "dsec/launcher/StopSignals.h"
 
 namespace dsec::launcher {
@@ -65,6 +66,14 @@ class EmbeddedNodeImpl : public EmbeddedNode {
     node_options.fleet_name = options_.fleet_name;
     node_options.max_sandboxes = options_.max_sandboxes;
     node_options.cgroup_parent = options_.cgroup_parent;
+    node_options.simulate = options_.simulate;
+    node_options.fncall = options_.fncall;
+    if (options_.simulate) node_options.fncall.max_workers = 0;  // fncall workers would be real sandboxes
+    node_options.density = options_.density;
+    node_options.memory_capacity_bytes = options_.memory_capacity_bytes;
+    if (options_.simulate) node_options.density = simulatedDensityConfig(node_options.density);
+    node_options.cpu_qos = options_.cpu_qos;
+    node_options.cpu_exclusive_pool = options_.cpu_exclusive_pool;
     DSEC_ASSIGN_OR_RETURN(agent_, NodeAgent::start(node_options, &metrics_));
     metrics_.setGaugeRenderer([agent = agent_.get()](std::string* out) { agent->renderGauges(out); });
     api_ = std::make_unique<ApiServer>(agent_.get(), token_);

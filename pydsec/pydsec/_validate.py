@@ -115,7 +115,8 @@ def session_retention(value: Any) -> Union[int, float]:
 
 
 def create_body(image: Any, backend: Any, cpus: Any, memory: Any, disk: Any, pids: Any, timeout: Any,
-                idle_timeout: Any, env: Any, labels: Any, network: Any, session: Any = None) -> Dict[str, Any]:
+                idle_timeout: Any, env: Any, labels: Any, network: Any, session: Any = None,
+                qos: Any = None) -> Dict[str, Any]:
     if not isinstance(image, str) or not image.strip():
         _fail("image must be a non-empty str like 'debian:12+python:3.11'")
     if not isinstance(backend, str) or not backend:
@@ -143,6 +144,12 @@ def create_body(image: Any, backend: Any, cpus: Any, memory: Any, disk: Any, pid
         body["network"] = network
     if session is not None:
         body["session"] = session_name(session)
+    if qos is not None:
+        if qos not in ("latency", "batch"):
+            _fail(f"qos must be 'latency' or 'batch', got {qos!r}")
+        if qos == "latency" and cpus is not None and cpus <= 0:
+            _fail("qos 'latency' needs cpus > 0 (the cores to dedicate)")
+        body["qos"] = qos
     return body
 
 
@@ -189,3 +196,86 @@ def optional_labels(labels: Optional[Any]) -> Dict[str, str]:
         if "=" in k:
             _fail(f"label key {k!r} must not contain '='")
     return lab
+
+
+_CALL_LANGUAGES = ("python", "bash")
+_MAX_CALL_TIMEOUT = 600
+_MAX_CALL_OUTPUT_CAP = 16 << 20
+_MAX_CALL_FILES = 1000
+_MAX_CALL_PATH = 1024
+
+
+def call_file_path(path: Any) -> str:
+    """A path relative to the call's working directory (the server applies the same rules)."""
+    if not isinstance(path, str):
+        _fail(f"files keys must be str paths, got {type(path).__name__}")
+    if not path:
+        _fail("files has an empty path")
+    if len(path.encode("utf-8")) > _MAX_CALL_PATH:
+        _fail(f"files path {path[:64]!r}... is longer than {_MAX_CALL_PATH} bytes")
+    if "\0" in path:
+        _fail(f"files path {path!r} contains NUL")
+    if path.startswith("/"):
+        _fail(f"files path {path!r} must be relative to the call's working directory, not absolute")
+    for part in path.split("/"):
+        if part in ("", ".", ".."):
+            _fail(f"files path {path!r}: empty, '.' and '..' components are not allowed")
+    return path
+
+
+def call_body(code: Any, language: Any, stdin: Any, timeout: Any, memory: Any, files: Any, image: Any,
+              output_cap: Any) -> Dict[str, Any]:
+    """The body of POST /v1/call (docs/api.md, "Function calls")."""
+    if not isinstance(code, str):
+        _fail(f"code must be a str, got {type(code).__name__}")
+    if not code:
+        _fail("code must not be empty")
+    if "\0" in code:
+        _fail("code must not contain NUL")
+    if language not in _CALL_LANGUAGES:
+        _fail(f"language must be 'python' or 'bash', got {language!r}")
+    body: Dict[str, Any] = {"code": code, "language": language}
+    if stdin is not None:
+        if isinstance(stdin, str):
+            body["stdin"] = stdin
+        elif isinstance(stdin, (bytes, bytearray, memoryview)):
+            body["stdin_b64"] = base64.b64encode(bytes(stdin)).decode("ascii")
+        else:
+            _fail(f"stdin must be str or bytes, got {type(stdin).__name__}")
+    if timeout is not None:
+        number("timeout", timeout, allow_zero=False)
+        if timeout > _MAX_CALL_TIMEOUT:
+            _fail(f"timeout must be at most {_MAX_CALL_TIMEOUT} seconds for a call, got {timeout}")
+        body["timeout"] = timeout
+    if memory is not None:
+        body["memory"] = size("memory", memory)
+    if files is not None:
+        if not isinstance(files, Mapping):
+            _fail(f"files must be a dict of relative path -> bytes or str, got {type(files).__name__}")
+        if len(files) > _MAX_CALL_FILES:
+            _fail(f"files has more than {_MAX_CALL_FILES} entries")
+        encoded: Dict[str, str] = {}
+        for path, data in files.items():
+            call_file_path(path)
+            if isinstance(data, str):
+                data = data.encode("utf-8")
+            elif isinstance(data, (bytearray, memoryview)):
+                data = bytes(data)
+            elif not isinstance(data, bytes):
+                _fail(f"files[{path!r}] must be bytes or str, got {type(data).__name__}")
+            encoded[path] = base64.b64encode(data).decode("ascii")
+        dirs = {p[:i] for p in encoded for i in range(len(p)) if p[i] == "/"}
+        for path in encoded:
+            if path in dirs:
+                _fail(f"files path {path!r} is both a file and a directory of another file")
+        body["files"] = encoded
+    if image is not None:
+        if not isinstance(image, str) or not image.strip():
+            _fail("image must be a non-empty str like 'debian:12+python:3.11'")
+        body["image"] = image
+    if output_cap is not None:
+        integer("output_cap", output_cap)
+        if output_cap > _MAX_CALL_OUTPUT_CAP:
+            _fail(f"output_cap must be at most {_MAX_CALL_OUTPUT_CAP} bytes (16 MiB) for a call")
+        body["output_cap"] = output_cap
+    return body

@@ -19,7 +19,7 @@ import asyncio
 import functools
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Awaitable, Callable, Dict, List, Optional, Tuple, TypeVar, Union
+from typing import Any, Awaitable, Callable, Dict, List, Mapping, Optional, Tuple, TypeVar, Union
 
 from . import _validate as v
 from . import client as _sync
@@ -386,10 +386,11 @@ class Client:
                memory: Union[None, int, str] = None, disk: Union[None, int, str] = None, pids: Optional[int] = None,
                timeout: Optional[float] = None, idle_timeout: Optional[float] = None,
                env: Optional[Dict[str, str]] = None, labels: Optional[Dict[str, str]] = None,
-               network: Optional[str] = None, session: Optional[str] = None) -> _CreateCall:
+               network: Optional[str] = None, session: Optional[str] = None,
+               qos: Optional[str] = None) -> _CreateCall:
         """``sb = await client.create(...)`` or ``async with client.create(...) as sb:``."""
         kwargs = dict(image=image, backend=backend, cpus=cpus, memory=memory, disk=disk, pids=pids, timeout=timeout,
-                      idle_timeout=idle_timeout, env=env, labels=labels, network=network, session=session)
+                      idle_timeout=idle_timeout, env=env, labels=labels, network=network, session=session, qos=qos)
         v.create_body(**kwargs)  # argument errors surface at the call, not at the await
         return _CreateCall(self, kwargs)
 
@@ -408,6 +409,15 @@ class Client:
 
     async def list(self, labels: Optional[Dict[str, str]] = None) -> List[Sandbox]:
         return [Sandbox(self, sb) for sb in await self._run(self._sync.list, labels)]
+
+    async def call(self, code: str, language: str = "python", stdin: Union[None, str, bytes] = None,
+                   timeout: float = 10, memory: Union[int, str] = "256M",
+                   files: Optional[Mapping[str, Union[bytes, str]]] = None, image: Optional[str] = None,
+                   output_cap: Optional[int] = None) -> ExecResult:
+        """See :meth:`pydsec.Client.call`. Up to ``max_workers`` calls run at once per client."""
+        v.call_body(code, language, stdin, timeout, memory, files, image, output_cap)  # errors at the call
+        return await self._run(self._sync.call, code, language=language, stdin=stdin, timeout=timeout,
+                               memory=memory, files=files, image=image, output_cap=output_cap)
 
     async def layers(self) -> List[Dict[str, Any]]:
         return await self._run(self._sync.layers)

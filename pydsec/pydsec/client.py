@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import _config, _tar
 from . import _validate as v
@@ -319,13 +319,15 @@ class Client:
                memory: Union[None, int, str] = None, disk: Union[None, int, str] = None, pids: Optional[int] = None,
                timeout: Optional[float] = None, idle_timeout: Optional[float] = None,
                env: Optional[Dict[str, str]] = None, labels: Optional[Dict[str, str]] = None,
-               network: Optional[str] = None, session: Optional[str] = None) -> Sandbox:
+               network: Optional[str] = None, session: Optional[str] = None, qos: Optional[str] = None) -> Sandbox:
         """Create a sandbox and return once it is running. Arguments left as None take the node's defaults.
 
         ``session`` names an existing, active session the sandbox belongs to (see :meth:`session`).
+        ``qos`` is the CPU class: ``"batch"`` (the default) shares the node's pool at idle priority,
+        ``"latency"`` gets ``ceil(cpus)`` dedicated cores (CapacityError when the node has none left).
         """
         body = v.create_body(image, backend, cpus, memory, disk, pids, timeout, idle_timeout, env, labels, network,
-                             session)
+                             session, qos)
         info = self._transport.call("POST", "/v1/sandboxes", payload=body)
         if not isinstance(info, dict) or not isinstance(info.get("id"), str):
             raise ServerError(f"create returned no sandbox id: {info!r}")
@@ -363,6 +365,24 @@ class Client:
         query = [("label", f"{k}={val}") for k, val in v.optional_labels(labels).items()]
         doc = self._transport.call("GET", "/v1/sandboxes", query)
         return [Sandbox(self, info["id"], info) for info in (doc or {}).get("sandboxes") or []]
+
+    def call(self, code: str, language: str = "python", stdin: Union[None, str, bytes] = None,
+             timeout: float = 10, memory: Union[int, str] = "256M",
+             files: Optional[Mapping[str, Union[bytes, str]]] = None, image: Optional[str] = None,
+             output_cap: Optional[int] = None) -> ExecResult:
+        """Run ``code`` once on the fleet's fncall backend and return what it did, like ``Sandbox.exec``.
+
+        Each call runs in a fresh process in a fresh working directory of a warm worker (no network, the
+        ``memory`` limit, ``timeout`` seconds); nothing it leaves is seen by the next call. ``files`` maps paths
+        relative to that working directory to their bytes (str is encoded as UTF-8). ``image`` defaults to the
+        node's fncall image. When no worker frees up in time the call raises CapacityError (``retry_after``).
+        """
+        body = v.call_body(code, language, stdin, timeout, memory, files, image, output_cap)
+        wait = Sandbox._exec_wait(timeout, self._transport.timeout)
+        doc = self._transport.call("POST", "/v1/call", payload=body, timeout=wait)
+        if not isinstance(doc, dict):
+            raise ServerError(f"unexpected call response: {doc!r}")
+        return ExecResult.from_json(doc)
 
     def layers(self) -> List[Dict[str, Any]]:
         """Manifests of the layers in the node's store."""

@@ -26,7 +26,8 @@ namespace {
 
 const std::string kRoot = "/sys/fs/cgroup";
 // v1 hierarchies the driver may use, plus "" for a v2 tree at the root itself.
-const std::vector<std::string> kAllHierarchies = {"memory", "cpu", "cpuacct", "cpu,cpuacct", "pids", "freezer", ""};
+const std::vector<std::string> kAllHierarchies = {"memory", "cpu",     "cpuacct", "cpu,cpuacct",
+                                                  "pids",   "freezer", "cpuset",  ""};
 
 bool pathExists(const std::string& path) {
   struct stat st;
@@ -193,6 +194,66 @@ TEST_F(CgroupRealTest, CreateSetsKernelLimitsAndAttachJoinsEveryHierarchy) {
   (void)!::write(go.w(), "x", 1);
   int status = reap(pid);
   EXPECT_TRUE(WIFEXITED(status));
+}
+
+// CPU QoS on the kernel: a pinned cgroup's process may run only on its cpus, a pool cgroup's on the parent's,
+// and the idle flag lands in cpu.idle (where the kernel has it); moving the cpuset moves the running process.
+TEST_F(CgroupRealTest, CpusetPinsProcessesAndIdleIsSet) {
+  long cpus = ::sysconf(_SC_NPROCESSORS_ONLN);
+  std::string last = std::to_string(cpus - 1);
+  auto pinned = driver_->create("pinned", {.cpuset_cpus = last, .cpuset_mems = "0"});
+  if (!pinned.ok() && pinned.error().code() == ErrorCode::kUnsupported) {
+    GTEST_SKIP() << "no cpuset controller: " << pinned.error().toString();
+  }
+  ASSERT_OK(pinned);
+  auto pool = driver_->create("pool", {.cpu_weight = 10, .cpu_idle = true});
+  ASSERT_OK(pool);
+  EXPECT_EQ(readTrimmed(ctrlFile("cpuset", "pinned", "cpuset.cpus")), last);
+  std::string idle_file = ctrlFile("cpu", "pool", "cpu.idle");
+  if (pathExists(idle_file)) {
+    EXPECT_EQ(readTrimmed(idle_file), "1");
+  }
+
+  auto allowed = [&](pid_t pid) {
+    auto status = readFile("/proc/" + std::to_string(pid) + "/status");
+    if (!status.ok()) return std::string("<gone>");
+    size_t at = status->find("Cpus_allowed_list:");
+    if (at == std::string::npos) return std::string("<none>");
+    size_t end = status->find('\n', at);
+    return trim(status->substr(at + 18, end - at - 18));
+  };
+  Pipe go;
+  std::vector<std::string> pinned_files = (*pinned)->procsFiles();
+  std::vector<std::string> pool_files = (*pool)->procsFiles();
+  pid_t a = forkChild([&] {
+    if (!childJoin(pinned_files)) ::_exit(3);
+    childReadByte(go.r());
+  });
+  pid_t b = forkChild([&] {
+    if (!childJoin(pool_files)) ::_exit(3);
+    childReadByte(go.r());
+  });
+  ASSERT_GT(a, 0);
+  ASSERT_GT(b, 0);
+  // The children join asynchronously and the cpuset hierarchy last: wait (generously) until each is in its
+  // cpuset cgroup.
+  auto inCpuset = [&](pid_t pid, const std::string& name) {
+    auto text = readFile("/proc/" + std::to_string(pid) + "/cgroup");
+    if (!text.ok()) return false;
+    std::string where = ":/" + parent_ + "/" + name + "\n";
+    return text->find(driver_->version() == 1 ? ":cpuset" + where : "0:" + where) != std::string::npos;
+  };
+  for (int i = 0; i < 500 && !(inCpuset(a, "pinned") && inCpuset(b, "pool")); ++i) ::usleep(10000);
+  EXPECT_EQ(allowed(a), last);
+  std::string all = cpus > 1 ? "0-" + last : "0";
+  EXPECT_EQ(allowed(b), all);
+  if (cpus > 1) {
+    ASSERT_OK((*pool)->setCpuset("0", ""));
+    EXPECT_EQ(allowed(b), "0");
+  }
+  (void)!::write(go.w(), "xx", 2);
+  EXPECT_TRUE(WIFEXITED(reap(a)));
+  EXPECT_TRUE(WIFEXITED(reap(b)));
 }
 
 TEST_F(CgroupRealTest, FreezeStopsTheProcessAndThawResumesIt) {

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 
@@ -342,6 +343,79 @@ TEST_F(CgroupV1Test, ReclaimUsesForceEmptyAndToleratesBusy) {
   ASSERT_ERROR((*cg)->reclaim(), ErrorCode::kSystem);
 }
 
+// With a cpuset hierarchy (this machine has one): the parent gets the root's cpus/mems and clone_children, every
+// sandbox cgroup gets cpus and mems (given, else the parent's) so it can take tasks, and init joins it too.
+class CgroupV1CpusetTest : public CgroupV1Test {
+ protected:
+  void SetUp() override {
+    state_ = std::make_shared<FakeCgroupFs::State>();
+    testing::setUpFakeV1Tree(*state_, kRoot, true, false, /*cpuset=*/true);
+  }
+};
+
+TEST_F(CgroupV1CpusetTest, ParentAndSandboxesGetCpusAndMems) {
+  auto d = driver();
+  EXPECT_EQ(d->describe(), "v1 (memory, cpu, cpuacct, pids, freezer, cpuset at /cg)");
+  auto batch = d->create("batch", {.cpu_weight = 10, .cpu_idle = true});
+  ASSERT_OK(batch);
+  EXPECT_EQ(state_->file(kRoot + "/cpuset/dsec/cpuset.cpus"), "0-3");
+  EXPECT_EQ(state_->file(kRoot + "/cpuset/dsec/cpuset.mems"), "0");
+  EXPECT_EQ(state_->file(kRoot + "/cpuset/dsec/cgroup.clone_children"), "1");
+  EXPECT_EQ(state_->file(file("cpuset", "batch", "cpuset.cpus")), "0-3");
+  EXPECT_EQ(state_->file(file("cpuset", "batch", "cpuset.mems")), "0");
+  EXPECT_EQ(state_->file(file("cpu", "batch", "cpu.shares")), "102");
+  EXPECT_EQ(state_->file(file("cpu", "batch", "cpu.idle")), "1");
+  auto procs = (*batch)->procsFiles();
+  EXPECT_NE(std::find(procs.begin(), procs.end(), file("cpuset", "batch", "cgroup.procs")), procs.end());
+
+  auto lat = d->create("lat", {.cpus = 1, .cpuset_cpus = "3", .cpuset_mems = "0"});
+  ASSERT_OK(lat);
+  EXPECT_EQ(state_->file(file("cpuset", "lat", "cpuset.cpus")), "3");
+  EXPECT_EQ(state_->file(file("cpu", "lat", "cpu.idle")), "0");
+  EXPECT_TRUE(state_->writesTo(file("cpu", "lat", "cpu.idle")).empty());
+
+  // The pool shrinks: the batch cgroup moves; mems untouched.
+  ASSERT_OK((*batch)->setCpuset("0-2", ""));
+  EXPECT_EQ(state_->file(file("cpuset", "batch", "cpuset.cpus")), "0-2");
+  EXPECT_EQ(state_->writesTo(file("cpuset", "batch", "cpuset.mems")).size(), 1u);
+  // setLimits without a cpuset resets to the parent's pool; idle goes off before the shares write.
+  size_t before = state_->writes.size();
+  ASSERT_OK((*batch)->setLimits({.cpu_weight = 20, .cpu_idle = true}));
+  EXPECT_EQ(state_->file(file("cpuset", "batch", "cpuset.cpus")), "0-3");
+  int off = state_->writeIndex(file("cpu", "batch", "cpu.idle"), "0", before);
+  int shares = state_->writeIndex(file("cpu", "batch", "cpu.shares"), "204", before);
+  int on = state_->writeIndex(file("cpu", "batch", "cpu.idle"), "1", before);
+  ASSERT_GE(off, 0);
+  EXPECT_LT(off, shares);
+  EXPECT_LT(shares, on);
+
+  ASSERT_OK((*lat)->remove());
+  ASSERT_OK((*batch)->remove());
+  EXPECT_TRUE(state_->dirsUnder(kRoot + "/cpuset/dsec").empty());
+}
+
+TEST_F(CgroupV1CpusetTest, FailedCpusetWriteLeavesNothing) {
+  state_->fail_write[file("cpuset", "sb", "cpuset.cpus")] = EINVAL;
+  auto d = driver();
+  auto cg = d->create("sb", {.cpuset_cpus = "9"});
+  ASSERT_ERROR(cg, ErrorCode::kSystem);
+  EXPECT_NE(cg.error().message().find("cpuset.cpus"), std::string::npos) << cg.error().message();
+  for (const auto& h : {"memory", "cpu", "cpuacct", "pids", "freezer", "cpuset"}) {
+    EXPECT_TRUE(state_->dirsUnder(kRoot + "/" + h + "/dsec").empty()) << h;
+  }
+}
+
+TEST_F(CgroupV1Test, CpusetWithoutHierarchyIsUnsupported) {
+  auto d = driver();
+  auto cg = d->create("sb", {.cpuset_cpus = "1", .cpuset_mems = "0"});
+  ASSERT_ERROR(cg, ErrorCode::kUnsupported);
+  EXPECT_NE(cg.error().message().find("no cpuset hierarchy"), std::string::npos) << cg.error().message();
+  expectNoCgroups();
+  auto plain = d->create("plain", {});
+  ASSERT_OK(plain);
+  ASSERT_ERROR((*plain)->setCpuset("1", ""), ErrorCode::kUnsupported);
+}
+
 TEST(CgroupLimitsTest, CpuQuota) {
   EXPECT_EQ(cpuQuotaUsec(0), -1);
   EXPECT_EQ(cpuQuotaUsec(-1), -1);
@@ -365,6 +439,9 @@ TEST(CgroupLimitsTest, Validation) {
   EXPECT_OK(validateCgroupLimits({.memory_bytes = 1, .cpus = 64, .pids = 1, .cpu_weight = 10000}));
   EXPECT_FALSE(validateCgroupLimits({.cpus = std::nan("")}).ok());
   EXPECT_FALSE(validateCgroupLimits({.cpus = 1e9}).ok());
+  EXPECT_OK(validateCgroupLimits({.cpuset_cpus = "0-3,8", .cpuset_mems = "0-1"}));
+  EXPECT_FALSE(validateCgroupLimits({.cpuset_cpus = "0-3\n> /etc/x"}).ok());
+  EXPECT_FALSE(validateCgroupLimits({.cpuset_mems = "1-0"}).ok());
 }
 
 }  // namespace

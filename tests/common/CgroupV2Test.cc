@@ -42,8 +42,9 @@ TEST_F(CgroupV2Test, CreateEnablesControllersAndWritesLimits) {
   auto cg = d->create("sb1", {.memory_bytes = 512 << 20, .cpus = 0.5, .pids = 1024, .cpu_weight = 300});
   ASSERT_OK(cg);
   // Controllers are switched on from the root down to the parent, so the sandbox cgroup has their files.
-  EXPECT_EQ(state_->file(kRoot + "/cgroup.subtree_control"), "memory cpu pids");
-  EXPECT_EQ(state_->file(kRoot + "/dsec/cgroup.subtree_control"), "memory cpu pids");
+  // cpuset too, where offered (CPU QoS), so that a latency sandbox can be pinned.
+  EXPECT_EQ(state_->file(kRoot + "/cgroup.subtree_control"), "memory cpu pids cpuset");
+  EXPECT_EQ(state_->file(kRoot + "/dsec/cgroup.subtree_control"), "memory cpu pids cpuset");
   EXPECT_TRUE(state_->hasDir(dir("sb1")));
   EXPECT_EQ(state_->file(file("sb1", "memory.max")), "536870912");
   EXPECT_EQ(state_->file(file("sb1", "cpu.max")), "50000 100000");
@@ -60,15 +61,17 @@ TEST_F(CgroupV2Test, ParentIsPreparedOnceAndOnlyMissingControllersAreRequested) 
   auto d = driver();
   ASSERT_OK(d->create("a", {}));
   ASSERT_OK(d->create("b", {}));
-  EXPECT_EQ(state_->writesTo(kRoot + "/cgroup.subtree_control"), std::vector<std::string>{"+memory +pids"});
-  EXPECT_EQ(state_->writesTo(kRoot + "/dsec/cgroup.subtree_control"), std::vector<std::string>{"+memory +cpu +pids"});
+  EXPECT_EQ(state_->writesTo(kRoot + "/cgroup.subtree_control"),
+            (std::vector<std::string>{"+memory +pids", "+cpuset"}));
+  EXPECT_EQ(state_->writesTo(kRoot + "/dsec/cgroup.subtree_control"),
+            (std::vector<std::string>{"+memory +cpu +pids", "+cpuset"}));
 }
 
 TEST_F(CgroupV2Test, NestedParent) {
   auto d = driver("dsec/node1");
   ASSERT_OK(d->create("sb", {.pids = 5}));
-  EXPECT_EQ(state_->file(kRoot + "/dsec/cgroup.subtree_control"), "memory cpu pids");
-  EXPECT_EQ(state_->file(kRoot + "/dsec/node1/cgroup.subtree_control"), "memory cpu pids");
+  EXPECT_EQ(state_->file(kRoot + "/dsec/cgroup.subtree_control"), "memory cpu pids cpuset");
+  EXPECT_EQ(state_->file(kRoot + "/dsec/node1/cgroup.subtree_control"), "memory cpu pids cpuset");
   EXPECT_EQ(state_->file(kRoot + "/dsec/node1/sb/pids.max"), "5");
 }
 
@@ -227,6 +230,65 @@ TEST_F(CgroupV2Test, OpenAndList) {
   ASSERT_OK(d->open("x"));
   ASSERT_ERROR(d->open("nope"), ErrorCode::kNotFound);
   ASSERT_ERROR(d->create("a/b", {}), ErrorCode::kInvalidArgument);
+}
+
+TEST_F(CgroupV2Test, CpusetAndIdleAreWrittenWhenAsked) {
+  auto d = driver();
+  auto cg = d->create("lat", {.cpus = 2, .cpuset_cpus = "2-3", .cpuset_mems = "0"});
+  ASSERT_OK(cg);
+  EXPECT_EQ(state_->file(file("lat", "cpuset.cpus")), "2-3");
+  EXPECT_EQ(state_->file(file("lat", "cpuset.mems")), "0");
+  EXPECT_TRUE(state_->writesTo(file("lat", "cpu.idle")).empty());
+  // A batch cgroup inherits the pool (empty cpuset.cpus) and is idle as a whole.
+  ASSERT_OK(d->create("batch", {.cpu_weight = 10, .cpu_idle = true}));
+  EXPECT_TRUE(state_->writesTo(file("batch", "cpuset.cpus")).empty());
+  EXPECT_EQ(state_->file(file("batch", "cpu.weight")), "10");
+  EXPECT_EQ(state_->file(file("batch", "cpu.idle")), "1");
+  // Moving it: only what is given is written.
+  ASSERT_OK((*cg)->setCpuset("1", ""));
+  EXPECT_EQ(state_->file(file("lat", "cpuset.cpus")), "1");
+  EXPECT_EQ(state_->writesTo(file("lat", "cpuset.mems")), std::vector<std::string>{"0"});
+}
+
+TEST_F(CgroupV2Test, WeightIsWrittenWhileNotIdle) {
+  auto d = driver();
+  auto cg = d->create("sb", {.cpu_weight = 10, .cpu_idle = true});
+  ASSERT_OK(cg);
+  size_t before = state_->writes.size();
+  // The kernel refuses cpu.weight on an idle group: idle goes off first and back on after.
+  ASSERT_OK((*cg)->setLimits({.cpu_weight = 20, .cpu_idle = true}));
+  int off = state_->writeIndex(file("sb", "cpu.idle"), "0", before);
+  int weight = state_->writeIndex(file("sb", "cpu.weight"), "20", before);
+  int on = state_->writeIndex(file("sb", "cpu.idle"), "1", before);
+  ASSERT_GE(off, 0);
+  EXPECT_LT(off, weight);
+  EXPECT_LT(weight, on);
+  // Limits without cpuset reset it to the parent's (empty).
+  EXPECT_EQ(state_->file(file("sb", "cpuset.cpus")), "");
+}
+
+TEST_F(CgroupV2Test, CpusetWithoutControllerIsUnsupportedAndLeavesNothing) {
+  state_ = std::make_shared<FakeCgroupFs::State>();
+  testing::setUpFakeV2Tree(*state_, kRoot, true, /*cpuset=*/false);
+  auto d = driver();
+  auto cg = d->create("lat", {.cpuset_cpus = "1", .cpuset_mems = "0"});
+  ASSERT_ERROR(cg, ErrorCode::kUnsupported);
+  EXPECT_NE(cg.error().message().find("cpuset controller is not enabled"), std::string::npos) << cg.error().message();
+  EXPECT_FALSE(state_->hasDir(dir("lat")));
+  // Without a cpuset asked for, creates work as before.
+  ASSERT_OK(d->create("plain", {.cpu_idle = true}));
+}
+
+TEST_F(CgroupV2Test, BadCpusetListIsRejected) {
+  auto d = driver();
+  for (const char* bad : {"1;2", "3-1", "a", "1,", "-1", "0-99999999"}) {
+    SCOPED_TRACE(bad);
+    ASSERT_ERROR(d->create("sb", {.cpuset_cpus = bad}), ErrorCode::kInvalidArgument);
+  }
+  ASSERT_ERROR(d->create("sb", {.cpuset_mems = "x"}), ErrorCode::kInvalidArgument);
+  EXPECT_FALSE(state_->hasDir(dir("sb")));
+  ASSERT_OK(validateCpusetList("0-3,8,10-11", "cpus"));
+  ASSERT_OK(validateCpusetList("", "cpus"));
 }
 
 TEST_F(CgroupV2Test, RootWithoutWantedControllersSkipsEnabling) {

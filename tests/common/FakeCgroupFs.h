@@ -289,9 +289,10 @@ class FakeCgroupFs : public CgroupFs {
   std::shared_ptr<State> s_;
 };
 
-// A v1 tree at root like this machine's: memory, cpu, cpuacct (separate mount), pids, freezer.
+// A v1 tree at root like this machine's: memory, cpu, cpuacct (separate mount), pids, freezer; with cpuset also
+// a cpuset hierarchy whose root has cpus 0-3 and mems 0 and whose new directories start empty (as the kernel's).
 inline void setUpFakeV1Tree(FakeCgroupFs::State& s, const std::string& root, bool memsw = true,
-                            bool comounted_cpuacct = false) {
+                            bool comounted_cpuacct = false, bool cpuset = false) {
   s.addDir(root);
   std::map<std::string, std::map<std::string, std::string>> per;
   per["memory"] = {{"cgroup.procs", ""},
@@ -301,8 +302,11 @@ inline void setUpFakeV1Tree(FakeCgroupFs::State& s, const std::string& root, boo
                    {"memory.oom_control", "oom_kill_disable 0\nunder_oom 0\noom_kill 2\n"},
                    {"memory.force_empty", ""}};
   if (memsw) per["memory"]["memory.memsw.limit_in_bytes"] = "9223372036854771712";
-  std::map<std::string, std::string> cpu = {
-      {"cgroup.procs", ""}, {"cpu.cfs_quota_us", "-1"}, {"cpu.cfs_period_us", "100000"}, {"cpu.shares", "1024"}};
+  std::map<std::string, std::string> cpu = {{"cgroup.procs", ""},
+                                            {"cpu.cfs_quota_us", "-1"},
+                                            {"cpu.cfs_period_us", "100000"},
+                                            {"cpu.shares", "1024"},
+                                            {"cpu.idle", "0"}};
   std::map<std::string, std::string> cpuacct = {{"cgroup.procs", ""}, {"cpuacct.usage", "5000000"}};
   if (comounted_cpuacct) {
     cpu.insert(cpuacct.begin(), cpuacct.end());
@@ -313,23 +317,33 @@ inline void setUpFakeV1Tree(FakeCgroupFs::State& s, const std::string& root, boo
   }
   per["pids"] = {{"cgroup.procs", ""}, {"pids.max", "max"}, {"pids.current", "3"}};
   per["freezer"] = {{"cgroup.procs", ""}, {"freezer.state", "THAWED"}};
+  if (cpuset) {
+    per["cpuset"] = {{"cgroup.procs", ""}, {"cpuset.cpus", ""}, {"cpuset.mems", ""}, {"cgroup.clone_children", "0"}};
+  }
   for (const auto& [h, files] : per) {
     std::string dir = root + "/" + h;
     s.addDir(dir);
     for (const auto& [leaf, value] : files) s.setFile(dir + "/" + leaf, value);
     s.templates[dir] = files;
   }
+  if (cpuset) {
+    s.setFile(root + "/cpuset/cpuset.cpus", "0-3");
+    s.setFile(root + "/cpuset/cpuset.mems", "0");
+  }
 }
 
-// A pure v2 tree at root offering cpu, memory, pids (and others the drivers must leave alone).
-inline void setUpFakeV2Tree(FakeCgroupFs::State& s, const std::string& root, bool with_kill = true) {
+// A pure v2 tree at root offering cpu, memory, pids, cpuset (and others the drivers must leave alone). Without
+// cpuset the root does not offer it (a delegated subtree without it).
+inline void setUpFakeV2Tree(FakeCgroupFs::State& s, const std::string& root, bool with_kill = true,
+                            bool cpuset = true) {
   s.addDir(root);
-  s.setFile(root + "/cgroup.controllers", "cpuset cpu io memory hugetlb pids rdma misc");
+  s.setFile(root + "/cgroup.controllers",
+            cpuset ? "cpuset cpu io memory hugetlb pids rdma misc" : "cpu io memory hugetlb pids rdma misc");
   s.setFile(root + "/cgroup.subtree_control", "");
   s.setFile(root + "/cgroup.procs", "1\n");
   std::map<std::string, std::string> files = {
       {"cgroup.procs", ""},
-      {"cgroup.controllers", "cpu memory pids"},
+      {"cgroup.controllers", cpuset ? "cpuset cpu memory pids" : "cpu memory pids"},
       {"cgroup.subtree_control", ""},
       {"cgroup.events", "populated 0\nfrozen 0\n"},
       {"cgroup.freeze", "0"},
@@ -342,9 +356,15 @@ inline void setUpFakeV2Tree(FakeCgroupFs::State& s, const std::string& root, boo
       {"pids.current", "2"},
       {"cpu.max", "max 100000"},
       {"cpu.weight", "100"},
+      {"cpu.idle", "0"},
       {"cpu.stat", "usage_usec 777\nuser_usec 500\nsystem_usec 277\n"},
   };
   if (with_kill) files["cgroup.kill"] = "";
+  if (cpuset) {
+    // v2 cpusets start empty, meaning "the parent's".
+    files["cpuset.cpus"] = "";
+    files["cpuset.mems"] = "";
+  }
   s.templates[root] = files;
 }
 

@@ -53,6 +53,23 @@ TEST(CreateRequest, AllFields) {
   EXPECT_EQ(r->network, backends::NetworkMode::kHost);
 }
 
+TEST(CreateRequest, Qos) {
+  auto r = create(R"({"image": "a:1"})");
+  ASSERT_OK(r);
+  EXPECT_EQ(r->qos, backends::CpuQos::kBatch);  // the default
+  r = create(R"({"image": "a:1", "qos": "latency", "cpus": 2})");
+  ASSERT_OK(r);
+  EXPECT_EQ(r->qos, backends::CpuQos::kLatency);
+  r = create(R"({"image": "a:1", "qos": "batch", "cpus": 0})");
+  ASSERT_OK(r);
+  EXPECT_EQ(r->qos, backends::CpuQos::kBatch);
+  expectInvalid(R"({"image": "a:1", "qos": "realtime"})", "qos");
+  expectInvalid(R"({"image": "a:1", "qos": 1})", "qos");
+  expectInvalid(R"({"image": "a:1", "qos": null})", "qos");
+  // A latency sandbox must say how many cores to dedicate.
+  expectInvalid(R"({"image": "a:1", "qos": "latency", "cpus": 0})", "cpus > 0");
+}
+
 TEST(CreateRequest, RejectsBadInput) {
   expectInvalid(R"({})", "image");
   expectInvalid(R"({"image": 5})", "image");

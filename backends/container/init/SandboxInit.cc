@@ -44,6 +44,7 @@ struct Config {
   int ncgroup_files = 0;
   long long disk_bytes = 0;
   bool network_host = false;
+  bool read_only_root = false;
   const sock_filter* bpf = nullptr;
   int bpf_len = 0;
 };
@@ -159,6 +160,8 @@ void readConfig() {
       for (const char* d = value; *d >= '0' && *d <= '9'; ++d) g_cfg.disk_bytes = g_cfg.disk_bytes * 10 + (*d - '0');
     } else if (strcmp(p, "network") == 0) {
       g_cfg.network_host = strcmp(value, "host") == 0;
+    } else if (strcmp(p, "read_only_root") == 0) {
+      g_cfg.read_only_root = strcmp(value, "1") == 0;
     } else if (strcmp(p, "bpf") == 0) {
       long n = 0;
       for (const char* d = value; *d >= '0' && *d <= '9'; ++d) n = n * 10 + (*d - '0');
@@ -174,11 +177,64 @@ void readConfig() {
     p = nl + 1;
   }
   if (g_cfg.scratch == nullptr || g_cfg.nlowers == 0) fail("read_config", EINVAL, "config lacks scratch or lower");
+  if (g_cfg.read_only_root && g_cfg.upper_dir != nullptr && g_cfg.upper_dir[0] != '\0') {
+    fail("read_config", EINVAL, "read_only_root and upper_dir exclude each other");
+  }
   step("read_config");
+}
+
+void ensureFile(const char* path) {
+  int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+  if (fd >= 0) close(fd);
+}
+
+// The writable tmpfs of a read-only root (size-limited: disk_bytes each; the memory cgroup caps the sum).
+void mountWritableTmpfs(const char* step_name, const char* dir, const char* mode) {
+  size_t p = appendStr(g_opts, 0, sizeof g_opts, "mode=");
+  p = appendStr(g_opts, p, sizeof g_opts, mode);
+  p = appendStr(g_opts, p, sizeof g_opts, ",size=");
+  appendNum(g_opts, p, sizeof g_opts, g_cfg.disk_bytes > 0 ? g_cfg.disk_bytes : (1LL << 30));
+  check(step_name, mount("tmpfs", dir, "tmpfs", MS_NOSUID | MS_NODEV, g_opts), "mount writable tmpfs");
+}
+
+// read_only_root: no upper at all. The layers are stacked under a tiny skeleton layer that only provides the
+// mount points (/proc, /dev, /tmp, /work; the image need not have them), mounted read-only; /tmp and /work
+// are size-limited tmpfs (and /dev/shm, in mountDev). Nothing outside those survives what a process writes.
+const char* mountReadOnlyRoot() {
+  static char root[4096];
+  static char skel[4096];
+  step("mount_upper");
+  check("mount_upper", mount("tmpfs", g_cfg.scratch, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m,nr_inodes=64"),
+        "mount skeleton tmpfs");
+  appendStr(root, 0, sizeof root, joinPath(g_cfg.scratch, "r"));
+  check("mount_upper", mkdirIfMissing(root, 0755), "mkdir root");
+  appendStr(skel, 0, sizeof skel, joinPath(g_cfg.scratch, "skel"));
+  check("mount_upper", mkdirIfMissing(skel, 0755), "mkdir skeleton");
+  static const char* const kDirs[] = {"proc", "dev", "tmp", "work", "etc"};
+  for (const char* d : kDirs) check("mount_upper", mkdirIfMissing(joinPath(skel, d), 0755), "mkdir skeleton dir");
+  check("mount_upper", chmod(joinPath(skel, "tmp"), 01777), "chmod skeleton /tmp");
+  if (g_cfg.network_host) {  // bind targets for bindEtc (the root is read-only by then)
+    static const char* const kEtcFiles[] = {"etc/resolv.conf", "etc/hosts"};
+    for (const char* f : kEtcFiles) ensureFile(joinPath(skel, f));
+  }
+
+  step("mount_overlay");
+  size_t p = appendStr(g_opts, 0, sizeof g_opts, "lowerdir=");
+  p = appendStr(g_opts, p, sizeof g_opts, skel);
+  for (int i = g_cfg.nlowers - 1; i >= 0; --i) {  // overlay wants the top layer first
+    p = appendStr(g_opts, p, sizeof g_opts, ":");
+    p = appendStr(g_opts, p, sizeof g_opts, g_cfg.lowers[i]);
+  }
+  if (p + 1 >= sizeof g_opts) fail("mount_overlay", E2BIG, "overlay options too long");
+  check("mount_overlay", mount("overlay", root, "overlay", MS_RDONLY | MS_NODEV, g_opts), "mount read-only overlay");
+  mountWritableTmpfs("mount_overlay", joinPath(root, "tmp"), "1777");
+  mountWritableTmpfs("mount_overlay", joinPath(root, "work"), "0755");
+  return root;
 }
 
 // Mounts the overlay root; returns its path (the directory pivot_root will switch to).
 const char* mountRoot() {
+  if (g_cfg.read_only_root) return mountReadOnlyRoot();
   static char root[4096];
   static char upper[4096];
   static char work[4096];
@@ -237,6 +293,14 @@ void mountDev(const char* root) {
   check("mount_dev",
         mount("devpts", joinPath(dev, "pts"), "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620"),
         "mount devpts");
+  if (g_cfg.read_only_root) {
+    // Its own size-limited /dev/shm, and the ipc namespace's POSIX message queues made visible, so whoever
+    // runs work in turns (fncall) can list and remove what one turn left there.
+    mountWritableTmpfs("mount_dev", joinPath(dev, "shm"), "1777");
+    check("mount_dev", mkdir(joinPath(dev, "mqueue"), 0755), "mkdir /dev/mqueue");
+    check("mount_dev", mount("mqueue", joinPath(dev, "mqueue"), "mqueue", MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr),
+          "mount /dev/mqueue");
+  }
   static const char* const kLinks[][2] = {{"pts/ptmx", "ptmx"},
                                           {"/proc/self/fd", "fd"},
                                           {"/proc/self/fd/0", "stdin"},
@@ -273,11 +337,6 @@ void mountProc(const char* root) {
           mount(nullptr, target, nullptr, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr),
           "remount /proc dir read-only");
   }
-}
-
-void ensureFile(const char* path) {
-  int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
-  if (fd >= 0) close(fd);
 }
 
 // With the host network the sandbox needs the host's resolver and hosts file (read-only).

@@ -88,6 +88,7 @@ std::string buildInitConfig(const SandboxSpec& spec, int64_t disk_bytes, const s
   if (!spec.upper_dir.empty()) c += "upper_dir " + spec.upper_dir + "\n";
   c += "disk_bytes " + std::to_string(disk_bytes) + "\n";
   c += std::string("network ") + (spec.network == NetworkMode::kHost ? "host" : "none") + "\n";
+  if (spec.read_only_root) c += "read_only_root 1\n";
   c += "bpf " + std::to_string(bpf.size()) + "\n";
   c.append(reinterpret_cast<const char*>(bpf.data()), bpf.size() * sizeof(sock_filter));
   return c;
@@ -173,6 +174,24 @@ pid_t parentOf(pid_t pid) {
   return fields.size() > 1 ? static_cast<pid_t>(atoi(fields[1].c_str())) : -1;
 }
 
+// The QoS of an adopted sandbox: from its state when recorded there, else from the kernel (init of a batch
+// sandbox runs SCHED_IDLE, and the cgroup keeps the cpuset), so its later execs get the same policy.
+Status restoreQos(const nlohmann::json& spec_json, pid_t init_pid, SandboxSpec& spec) {
+  try {
+    if (spec_json.contains("qos")) {
+      spec.qos = spec_json.at("qos").get<std::string>() == "latency" ? CpuQos::kLatency : CpuQos::kBatch;
+      spec.cpuset_cpus = spec_json.value("cpuset_cpus", "");
+      spec.cpuset_mems = spec_json.value("cpuset_mems", "");
+      return okStatus();
+    }
+  } catch (const nlohmann::json::exception& e) {
+    return Error::invalid(std::string("bad qos in container sandbox state: ") + e.what());
+  }
+  int policy = sched_getscheduler(init_pid);
+  spec.qos = policy == SCHED_IDLE ? CpuQos::kBatch : CpuQos::kLatency;
+  return okStatus();
+}
+
 std::string findInit(const ContainerBackendOptions& options) {
   if (!options.init_path.empty()) return options.init_path;
   std::vector<std::string> candidates = {selfExeDir() + "/dsec-sandbox-init",
@@ -248,6 +267,13 @@ class ContainerBackend : public Backend {
     limits.memory_bytes = spec.memory_bytes;
     limits.cpus = spec.cpus;
     limits.pids = spec.pids;
+    limits.cpuset_cpus = spec.cpuset_cpus;
+    limits.cpuset_mems = spec.cpuset_mems;
+    const bool batch = shared_->options.cpu_qos && spec.qos == CpuQos::kBatch;
+    if (batch) {
+      limits.cpu_weight = kBatchCpuWeight;
+      limits.cpu_idle = true;
+    }
     auto made = shared_->cgroups->create(spec.id, limits);
     if (!made.ok()) return made.error().wrap("create sandbox " + spec.id);
     cgroup = std::move(made).value();
@@ -264,6 +290,12 @@ class ContainerBackend : public Backend {
     init.pid = idle->process.pid;
     init.pidfd = std::move(idle->process.pidfd);
     init.is_child = true;
+    // Pooled inits start before their QoS is known: set it now, before init joins the cgroup and runs setup.
+    if (int policy = sandboxSchedPolicy(spec, shared_->options.cpu_qos); policy >= 0) {
+      sched_param param{};
+      if (sched_setscheduler(init.pid, policy, &param) < 0)
+        return fail(Error::sys(errno, "set init's scheduling policy"));
+    }
 
     if (auto s = checkFault("container.send_config"); !s.ok()) return fail(s.error());
     int64_t disk = spec.disk_bytes > 0 ? spec.disk_bytes : shared_->options.default_disk_bytes;
@@ -307,6 +339,7 @@ class ContainerBackend : public Backend {
       return Error::invalid(std::string("bad container sandbox state: ") + e.what());
     }
     DSEC_ASSIGN_OR_RETURN(SandboxSpec spec, specFromJson(state.at("spec")));
+    DSEC_TRY(restoreQos(state.at("spec"), pid, spec));
     auto gone = [&](const std::string& why) {
       return Error::notFound("sandbox " + spec.id + " cannot be adopted: " + why);
     };

@@ -1,5 +1,6 @@
 #include "ContainerSandbox.h"
 
+#include <fcntl.h>
 #include <linux/capability.h>
 #include <poll.h>
 #include <signal.h>
@@ -59,6 +60,17 @@ Status killAndWaitInit(InitProcess& init, double timeout_seconds) {
   return okStatus();
 }
 
+std::string memoryControlDir(const Cgroup& cgroup) {
+  for (const auto& f : cgroup.procsFiles()) {
+    std::string dir = f.substr(0, f.rfind('/'));
+    if (access((dir + "/memory.limit_in_bytes").c_str(), F_OK) == 0 ||
+        access((dir + "/memory.max").c_str(), F_OK) == 0) {
+      return dir;
+    }
+  }
+  return "";
+}
+
 nlohmann::json specToJson(const SandboxSpec& spec) {
   return {{"id", spec.id},
           {"image", spec.image},
@@ -69,7 +81,8 @@ nlohmann::json specToJson(const SandboxSpec& spec) {
           {"disk_bytes", spec.disk_bytes},
           {"env", spec.env},
           {"network", spec.network == NetworkMode::kHost ? "host" : "none"},
-          {"upper_dir", spec.upper_dir}};
+          {"upper_dir", spec.upper_dir},
+          {"read_only_root", spec.read_only_root}};
 }
 
 Result<SandboxSpec> specFromJson(const nlohmann::json& j) {
@@ -85,6 +98,7 @@ Result<SandboxSpec> specFromJson(const nlohmann::json& j) {
     s.env = j.value("env", std::map<std::string, std::string>{});
     s.network = j.value("network", "none") == "host" ? NetworkMode::kHost : NetworkMode::kNone;
     s.upper_dir = j.value("upper_dir", "");
+    s.read_only_root = j.value("read_only_root", false);
     return s;
   } catch (const nlohmann::json::exception& e) {
     return Error::invalid(std::string("bad sandbox spec in state: ") + e.what());
@@ -99,6 +113,7 @@ ContainerSandbox::ContainerSandbox(std::shared_ptr<ContainerShared> shared, Sand
       root_fd_(std::move(root_fd)),
       cgroup_(std::move(cgroup)),
       procs_files_(cgroupJoinFiles(*cgroup_)),
+      memory_dir_(memoryControlDir(*cgroup_)),
       state_(paused ? SandboxState::kPaused : SandboxState::kRunning),
       oom_seen_(oom_kills) {}
 
@@ -207,6 +222,7 @@ Status ContainerSandbox::destroy() {
   // and return. A frozen task cannot die, so thaw after the signal is queued.
   if (init_.pidfd) (void)syscall(SYS_pidfd_send_signal, init_.pidfd.get(), SIGKILL, nullptr, 0);
   if (was_paused) (void)cgroup_->thaw();
+  reapSpawned(10);
   Status killed = killAndWaitInit(init_, 10);
   {
     std::unique_lock lock(mu_);
@@ -227,6 +243,88 @@ Status ContainerSandbox::destroy() {
   if (!removed.ok()) return removed.error().wrap("destroy " + spec_.id);
   DSEC_LOG(kDebug, "container") << "destroyed " << spec_.id;
   return okStatus();
+}
+
+namespace {
+
+Status writeControl(const std::string& path, const std::string& value) {
+  UniqueFd fd(open(path.c_str(), O_WRONLY | O_CLOEXEC));
+  if (!fd) return Error::sys(errno, "open " + path);
+  ssize_t n;
+  do {
+    n = write(fd.get(), value.data(), value.size());
+  } while (n < 0 && errno == EINTR);
+  if (n < 0) return Error::sys(errno, "write " + value + " to " + path);
+  return okStatus();
+}
+
+}  // namespace
+
+// Written here rather than through Cgroup::setLimits, which rewrites every limit (CPU weight, quota, pids)
+// and would undo what the node's QoS set; only the memory files are touched.
+Status ContainerSandbox::setMemoryLimit(int64_t bytes) {
+  if (bytes < 0) return Error::invalid("memory limit must not be negative");
+  DSEC_ASSIGN_OR_RETURN(Use use, acquire(false));
+  if (memory_dir_.empty()) return Error(ErrorCode::kUnsupported, "sandbox " + spec_.id + " has no memory controller");
+  std::lock_guard lock(memory_mu_);
+  Status s = okStatus();
+  if (access((memory_dir_ + "/memory.max").c_str(), F_OK) == 0) {  // v2
+    s = writeControl(memory_dir_ + "/memory.max", bytes > 0 ? std::to_string(bytes) : "max");
+  } else {
+    // v1: memory.memsw.limit_in_bytes (memory+swap) must stay >= memory.limit_in_bytes, so lowering writes the
+    // memory limit first and raising the memsw limit first; EINVAL on the first try means the other order.
+    const std::string value = bytes > 0 ? std::to_string(bytes) : "-1";
+    const std::string memsw = memory_dir_ + "/memory.memsw.limit_in_bytes";
+    const bool has_memsw = access(memsw.c_str(), F_OK) == 0;
+    s = writeControl(memory_dir_ + "/memory.limit_in_bytes", value);
+    if (s.ok() && has_memsw) {
+      s = writeControl(memsw, value);
+    } else if (!s.ok() && has_memsw && s.error().sysErrno() == EINVAL) {
+      s = writeControl(memsw, value);
+      if (s.ok()) s = writeControl(memory_dir_ + "/memory.limit_in_bytes", value);
+    }
+  }
+  if (!s.ok() && s.error().sysErrno() == EBUSY) {
+    // v1 refuses a limit below what it cannot reclaim of the current usage.
+    return Error(ErrorCode::kResourceExhausted,
+                 "sandbox " + spec_.id + " uses more memory than the new limit of " + std::to_string(bytes) + " bytes",
+                 EBUSY);
+  }
+  if (!s.ok()) return s.error().wrap("set memory limit of " + spec_.id);
+  return okStatus();
+}
+
+void ContainerSandbox::keepSpawned(int pidfd) {
+  UniqueFd copy(fcntl(pidfd, F_DUPFD_CLOEXEC, 3));
+  std::lock_guard lock(mu_);
+  // Forget those their owner reaped already (waitid then has no such child).
+  std::erase_if(spawned_, [](const UniqueFd& fd) {
+    siginfo_t info{};
+    return waitid(static_cast<idtype_t>(P_PIDFD), static_cast<id_t>(fd.get()), &info, WEXITED | WNOHANG | WNOWAIT) <
+               0 &&
+           errno == ECHILD;
+  });
+  if (copy) spawned_.push_back(std::move(copy));
+}
+
+void ContainerSandbox::reapSpawned(double timeout_seconds) {
+  std::vector<UniqueFd> fds;
+  {
+    std::lock_guard lock(mu_);
+    fds.swap(spawned_);
+  }
+  const double deadline = monotonicSeconds() + timeout_seconds;
+  for (auto& fd : fds) {
+    // The init's death kills them (the kernel zaps the pid namespace); wait for that, then reap.
+    (void)syscall(SYS_pidfd_send_signal, fd.get(), SIGKILL, nullptr, 0);
+    pollfd p{fd.get(), POLLIN, 0};
+    double left = deadline - monotonicSeconds();
+    (void)poll(&p, 1, left <= 0 ? 0 : static_cast<int>(left * 1000) + 1);
+    siginfo_t info{};
+    while (waitid(static_cast<idtype_t>(P_PIDFD), static_cast<id_t>(fd.get()), &info, WEXITED | WNOHANG) < 0 &&
+           errno == EINTR) {
+    }
+  }
 }
 
 Result<SandboxUsage> ContainerSandbox::usage() {

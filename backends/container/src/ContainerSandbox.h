@@ -31,6 +31,8 @@ struct ContainerShared {
   std::set<std::string> live;  // ids created or adopted by this process and not destroyed
 };
 
+struct SpawnedCommand;  // Spawn.h
+
 struct InitProcess {
   pid_t pid = -1;
   uint64_t start_time = 0;
@@ -51,6 +53,8 @@ class ContainerSandbox : public Sandbox {
   Result<ExecResult> exec(const ExecRequest& request) override;
   Result<ExecResult> execStream(const ExecRequest& request, ExecSink& sink) override;
   bool supportsStdinFd() const override { return true; }
+  Result<LongRunningProcess> spawn(const ExecRequest& request) override;
+  Status setMemoryLimit(int64_t bytes) override;
 
   Result<UniqueFd> openForRead(const std::string& path) override;
   Result<UniqueFd> openForWrite(const std::string& path, uint32_t mode) override;
@@ -79,6 +83,14 @@ class ContainerSandbox : public Sandbox {
   // kNotFound once destroyed; kConflict when paused and the caller needs it running.
   Result<Use> acquire(bool need_running);
   Result<ExecResult> run(const ExecRequest& request, ExecSink* sink);
+  void keepSpawned(int pidfd);
+  void reapSpawned(double timeout_seconds);
+  // What exec and spawn share: the command started in the sandbox (same namespaces, cgroup, caps, seccomp)
+  // with the given stdio fds.
+  struct CommandStdio {
+    int stdin_fd = -1, stdout_fd = -1, stderr_fd = -1;
+  };
+  Result<SpawnedCommand> startCommand(const ExecRequest& request, const CommandStdio& stdio);
 
   std::shared_ptr<ContainerShared> shared_;
   SandboxSpec spec_;
@@ -86,12 +98,18 @@ class ContainerSandbox : public Sandbox {
   UniqueFd root_fd_;
   std::unique_ptr<Cgroup> cgroup_;
   std::vector<std::string> procs_files_;
+  // The memory controller's directory (found from the cgroup's procs files) for setMemoryLimit; "" = none.
+  std::string memory_dir_;
+  std::mutex memory_mu_;  // one limit change at a time (v1 writes two files in a value-dependent order)
 
   mutable std::mutex mu_;
   std::condition_variable idle_;
   SandboxState state_ = SandboxState::kRunning;
   bool destroyed_ = false;
   int users_ = 0;
+  // Copies of the pidfds of spawn()ed processes: they are the agent's children, and the sandbox's init cannot
+  // finish dying before they are reaped, so destroy() reaps those their owner has not (under mu_).
+  std::vector<UniqueFd> spawned_;
   // OOM kills of the cgroup already reported (or there before adoption).
   std::atomic<int64_t> oom_seen_{0};
 };
@@ -106,6 +124,8 @@ std::vector<std::string> cgroupJoinFiles(const Cgroup& cgroup);
 Status killAndWaitInit(InitProcess& init, double timeout_seconds);
 // The default capability set of sandbox processes (Docker's default minus MKNOD).
 uint64_t defaultSandboxCaps();
+// The directory of the cgroup's memory controller (v1 memory hierarchy or the v2 directory); "" if none.
+std::string memoryControlDir(const Cgroup& cgroup);
 nlohmann::json specToJson(const SandboxSpec& spec);
 Result<SandboxSpec> specFromJson(const nlohmann::json& json);
 

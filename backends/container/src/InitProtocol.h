@@ -3,11 +3,11 @@
 //
 // fd 3 (agent -> init): text lines "key value\n", then "bpf N\n" followed by N raw sock_filter structs,
 // then EOF. Keys: fail_at STEP, hostname NAME, scratch DIR, lower DIR (repeated, bottom first), upper_dir DIR,
-// disk_bytes N, network none|host, cgroup FILE (repeated: a cgroup `tasks`/`cgroup.procs` file init writes
-// "0" into to join the sandbox cgroup before anything else).
-// init starts in the host mount namespace (it may wait in a pool for its config, and must then see the
-// layers mounted meanwhile) and unshares its own once the config is in.
-// fd 4 (init -> agent): "ok\n" once the root is ready, or "err STEP ERRNO MESSAGE\n" (then init exits).
+// disk_bytes N, network none|host, read_only_root 1 (no upper: a read-only overlay with tmpfs /tmp, /work and
+// /dev/shm of disk_bytes each, and /dev/mqueue), cgroup FILE (repeated: a cgroup `tasks`/`cgroup.procs` file init
+// writes "0" into to join the sandbox cgroup before anything else). init starts in the host mount namespace (it may
+// wait in a pool for its config, and must then see the layers mounted meanwhile) and unshares its own once the config
+// is in. fd 4 (init -> agent): "ok\n" once the root is ready, or "err STEP ERRNO MESSAGE\n" (then init exits).
 #pragma once
 
 namespace dsec::backends::init_protocol {

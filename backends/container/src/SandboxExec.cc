@@ -90,11 +90,7 @@ class SigpipeBlock {
 
 }  // namespace
 
-Result<ExecResult> ContainerSandbox::run(const ExecRequest& request, ExecSink* sink) {
-  DSEC_TRY(validateRequest(request));
-  DSEC_ASSIGN_OR_RETURN(Use use, acquire(true));
-  const double start = monotonicSeconds();
-
+Result<SpawnedCommand> ContainerSandbox::startCommand(const ExecRequest& request, const CommandStdio& stdio) {
   std::map<std::string, std::string> env = spec_.env;
   for (const auto& [k, v] : request.env) env[k] = v;
   env.try_emplace("PATH", kDefaultPath);
@@ -116,6 +112,40 @@ Result<ExecResult> ContainerSandbox::run(const ExecRequest& request, ExecSink* s
   spawn.root_fd = root_fd_.get();
   spawn.seccomp = &shared_->seccomp;
   spawn.keep_caps = shared_->keep_caps;
+  spawn.sched_policy = sandboxSchedPolicy(spec_, shared_->options.cpu_qos);  // CPU QoS (D2)
+  spawn.stdin_fd = stdio.stdin_fd;
+  spawn.stdout_fd = stdio.stdout_fd;
+  spawn.stderr_fd = stdio.stderr_fd;
+  return spawnCommand(spawn);
+}
+
+Result<LongRunningProcess> ContainerSandbox::spawn(const ExecRequest& request) {
+  DSEC_TRY(validateRequest(request));
+  DSEC_ASSIGN_OR_RETURN(Use use, acquire(true));
+  DSEC_ASSIGN_OR_RETURN(Pipe in, makePipe());
+  DSEC_ASSIGN_OR_RETURN(Pipe out, makePipe());
+  DSEC_ASSIGN_OR_RETURN(Pipe err, makePipe());
+  DSEC_ASSIGN_OR_RETURN(SpawnedCommand cmd,
+                        startCommand(request, {in.read_end.get(), out.write_end.get(), err.write_end.get()}));
+  if (cmd.exec_errno != 0) {
+    return Error(cmd.exec_errno == ENOENT || cmd.exec_errno == ENOTDIR ? ErrorCode::kNotFound : ErrorCode::kSystem,
+                 "spawn " + request.argv[0] + " in " + spec_.id + ": " + std::strerror(cmd.exec_errno), cmd.exec_errno);
+  }
+  keepSpawned(cmd.pidfd.get());
+  LongRunningProcess proc;
+  proc.pid = cmd.pid;
+  proc.pidfd = std::move(cmd.pidfd);
+  proc.stdin_fd = std::move(in.write_end);
+  proc.stdout_fd = std::move(out.read_end);
+  proc.stderr_fd = std::move(err.read_end);
+  return proc;
+}
+
+Result<ExecResult> ContainerSandbox::run(const ExecRequest& request, ExecSink* sink) {
+  DSEC_TRY(validateRequest(request));
+  DSEC_ASSIGN_OR_RETURN(Use use, acquire(true));
+  const double start = monotonicSeconds();
+  const std::string& prog = request.argv[0];
 
   // With a caller's stdin fd (a streamed upload) the command reads it directly: spawnCommand dups it into
   // the child, the caller's copy stays open and theirs to close, and stdin_data is ignored.
@@ -126,11 +156,8 @@ Result<ExecResult> ContainerSandbox::run(const ExecRequest& request, ExecSink* s
   }
   DSEC_ASSIGN_OR_RETURN(Pipe out, makePipe());
   DSEC_ASSIGN_OR_RETURN(Pipe err, makePipe());
-  spawn.stdin_fd = caller_stdin ? request.stdin_fd : in.read_end.get();
-  spawn.stdout_fd = out.write_end.get();
-  spawn.stderr_fd = err.write_end.get();
-
-  DSEC_ASSIGN_OR_RETURN(SpawnedCommand cmd, spawnCommand(spawn));
+  DSEC_ASSIGN_OR_RETURN(SpawnedCommand cmd, startCommand(request, {caller_stdin ? request.stdin_fd : in.read_end.get(),
+                                                                   out.write_end.get(), err.write_end.get()}));
   in.read_end.reset();
   out.write_end.reset();
   err.write_end.reset();

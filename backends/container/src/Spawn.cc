@@ -39,6 +39,7 @@ enum ChildStep : int {
   kCaps,
   kNoNewPrivs,
   kSeccomp,
+  kSched,
   kExec,
 };
 
@@ -66,6 +67,8 @@ const char* childStepName(int step) {
       return "no_new_privs";
     case kSeccomp:
       return "install seccomp filter";
+    case kSched:
+      return "set scheduling policy";
     case kExec:
       return "exec";
     default:
@@ -154,6 +157,7 @@ struct CommandChildArgs {
   const char* const* candidates;
   sock_fprog prog;
   uint64_t keep_caps;
+  int sched_policy;
   std::atomic<int> step{kNone};
   std::atomic<int> err{0};
 };
@@ -191,6 +195,12 @@ int commandChild(void* arg) {
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = SIG_DFL;
     sigaction(sig, &sa, nullptr);  // fails harmlessly for the signals libc reserves
+  }
+  // Batch sandboxes: SCHED_IDLE, inherited by everything the command forks; without CAP_SYS_NICE (dropped
+  // below) and with RLIMIT_NICE 0 the command cannot leave it.
+  if (a->sched_policy >= 0) {
+    sched_param param{};
+    if (sched_setscheduler(0, a->sched_policy, &param) < 0) commandFail(a, kSched);
   }
   for (int cap = 0; cap <= 63; ++cap) {
     if ((a->keep_caps >> cap) & 1) continue;
@@ -285,6 +295,10 @@ void returnHome(int entered_flags) {
 
 }  // namespace
 
+int sandboxSchedPolicy(const SandboxSpec& spec, bool cpu_qos) {
+  return cpu_qos && spec.qos == CpuQos::kBatch ? SCHED_IDLE : -1;
+}
+
 Result<SpawnedProcess> spawnInit(const InitSpawnRequest& request) {
   UniqueFd devnull(open("/dev/null", O_RDWR | O_CLOEXEC));
   if (!devnull) return Error::sys(errno, "open /dev/null");
@@ -367,6 +381,7 @@ Result<SpawnedCommand> spawnCommand(const CommandSpawnRequest& request) {
   args.prog.len = request.seccomp ? static_cast<unsigned short>(request.seccomp->size()) : 0;
   args.prog.filter = request.seccomp ? const_cast<sock_filter*>(request.seccomp->data()) : nullptr;
   args.keep_caps = request.keep_caps;
+  args.sched_policy = request.sched_policy;
 
   pid_t child;
   int pidfd = -1;

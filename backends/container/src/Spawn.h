@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "dsec/backends/Sandbox.h"
 #include "dsec/common/Fd.h"
 #include "dsec/common/Result.h"
 
@@ -46,6 +47,7 @@ struct CommandSpawnRequest {
   std::vector<std::string> candidates;  // absolute paths to try for argv[0], in order
   const std::vector<sock_filter>* seccomp = nullptr;
   uint64_t keep_caps = 0;  // bounding/permitted/effective/inheritable set of the command
+  int sched_policy = -1;   // SCHED_IDLE etc. set on the command before exec (its children inherit it); -1 = keep
 };
 
 struct SpawnedCommand {
@@ -60,5 +62,9 @@ struct SpawnedCommand {
 // joins the cgroup through fds opened on the host, starts its own session, and drops to reduced
 // capabilities, no_new_privs and the seccomp filter before execve.
 Result<SpawnedCommand> spawnCommand(const CommandSpawnRequest& request);
+
+// The scheduling policy every process of a sandbox runs under (CPU QoS): SCHED_IDLE for batch sandboxes when
+// the backend applies QoS, else -1 (the agent's own, SCHED_OTHER).
+int sandboxSchedPolicy(const SandboxSpec& spec, bool cpu_qos);
 
 }  // namespace dsec::backends

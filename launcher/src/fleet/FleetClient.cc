@@ -73,20 +73,51 @@ Result<Endpoint> parseEndpoint(const std::string& url) {
   return ep;
 }
 
+namespace {
+
+// A numeric address (every endpoint the fleet hands around is one) without getaddrinfo: no resolver, no
+// /etc files read on the gateway's hot path. Host names still go through getaddrinfo.
+bool numericAddress(const Endpoint& ep, struct sockaddr_storage* ss, socklen_t* len) {
+  std::memset(ss, 0, sizeof(*ss));
+  auto* sin = reinterpret_cast<struct sockaddr_in*>(ss);
+  if (::inet_pton(AF_INET, ep.host.c_str(), &sin->sin_addr) == 1) {
+    sin->sin_family = AF_INET;
+    sin->sin_port = htons(static_cast<uint16_t>(ep.port));
+    *len = sizeof(*sin);
+    return true;
+  }
+  auto* sin6 = reinterpret_cast<struct sockaddr_in6*>(ss);
+  if (::inet_pton(AF_INET6, ep.host.c_str(), &sin6->sin6_addr) == 1) {
+    sin6->sin6_family = AF_INET6;
+    sin6->sin6_port = htons(static_cast<uint16_t>(ep.port));
+    *len = sizeof(*sin6);
+    return true;
+  }
+  return false;
+}
+
+}  // namespace
+
 Result<UniqueFd> connectTo(const std::string& endpoint, const CallOptions& options) {
   DSEC_ASSIGN_OR_RETURN(auto ep, parseEndpoint(endpoint));
-  struct addrinfo hints {};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICSERV;
-  struct addrinfo* res = nullptr;
-  std::string port = std::to_string(ep.port);
-  int gai = ::getaddrinfo(ep.host.c_str(), port.c_str(), &hints, &res);
-  if (gai != 0) return Error(ErrorCode::kUnavailable, "resolving " + endpoint + ": " + gai_strerror(gai));
-  std::unique_ptr<struct addrinfo, decltype(&::freeaddrinfo)> guard(res, ::freeaddrinfo);
-  UniqueFd fd(::socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  struct sockaddr_storage ss {};
+  socklen_t ss_len = 0;
+  if (!numericAddress(ep, &ss, &ss_len)) {
+    struct addrinfo hints {};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_NUMERICSERV;
+    struct addrinfo* res = nullptr;
+    std::string port = std::to_string(ep.port);
+    int gai = ::getaddrinfo(ep.host.c_str(), port.c_str(), &hints, &res);
+    if (gai != 0) return Error(ErrorCode::kUnavailable, "resolving " + endpoint + ": " + gai_strerror(gai));
+    std::unique_ptr<struct addrinfo, decltype(&::freeaddrinfo)> guard(res, ::freeaddrinfo);
+    std::memcpy(&ss, res->ai_addr, res->ai_addrlen);
+    ss_len = res->ai_addrlen;
+  }
+  UniqueFd fd(::socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (!fd) return Error::sys(errno, "socket");
-  if (::connect(fd.get(), res->ai_addr, res->ai_addrlen) != 0) {
+  if (::connect(fd.get(), reinterpret_cast<struct sockaddr*>(&ss), ss_len) != 0) {
     if (errno != EINPROGRESS)
       return Error(ErrorCode::kUnavailable, "connecting to " + endpoint + ": " + strerror(errno));
     struct pollfd fds[2] = {{fd.get(), POLLOUT, 0}, {options.abort_fd, POLLIN, 0}};
@@ -113,35 +144,59 @@ Result<UniqueFd> connectTo(const std::string& endpoint, const CallOptions& optio
 
 Result<HttpReply> call(const std::string& endpoint, http::verb method, const std::string& target,
                        const std::string& token, const std::string& body, const CallOptions& options) {
-  DSEC_ASSIGN_OR_RETURN(auto fd, connectTo(endpoint, options));
   DSEC_ASSIGN_OR_RETURN(auto ep, parseEndpoint(endpoint));
-  SocketStream stream(fd.get(), options.abort_fd, options.io_timeout_ms);
   http::request<http::string_body> req{method, target, 11};
   req.set(http::field::host, ep.host + ":" + std::to_string(ep.port));
   if (!token.empty()) req.set(http::field::authorization, "Bearer " + token);
-  req.keep_alive(false);
+  req.keep_alive(options.pool != nullptr);
   if (!body.empty() || method == http::verb::post || method == http::verb::put) {
     req.set(http::field::content_type, "application/json");
     req.body() = body;
   }
   req.prepare_payload();
-  boost::system::error_code ec;
-  http::write(stream, req, ec);
-  if (ec) return transportError(endpoint, "sending to", ec);
-  boost::beast::flat_buffer buffer;
-  http::response_parser<http::string_body> parser;
-  parser.body_limit(64ULL << 20);
-  http::read(stream, buffer, parser, ec);
-  if (ec) return transportError(endpoint, "reading the answer of", ec);
-  HttpReply reply;
-  auto& res = parser.get();
-  reply.status = static_cast<int>(res.result_int());
-  reply.body = std::move(res.body());
-  reply.headers = relayedHeaders(res.base());
-  if (auto it = res.find(http::field::content_type); it != res.end()) {
-    reply.headers.emplace_back("Content-Type", std::string(it->value()));
+  // A pooled connection the node closed meanwhile (restart, idle timeout) fails before any byte of an answer:
+  // then, and only then, the request goes once more on a new connection. A node that got the request
+  // answers it on the connection it came on, so nothing is ever sent twice to a live node.
+  for (int attempt = 0;; ++attempt) {
+    UniqueFd fd;
+    bool reused = false;
+    if (options.pool != nullptr && attempt == 0) {
+      fd = options.pool->take(endpoint);
+      reused = fd.valid();
+    }
+    if (!fd) {
+      DSEC_ASSIGN_OR_RETURN(fd, connectTo(endpoint, options));
+    }
+    SocketStream stream(fd.get(), options.abort_fd, options.io_timeout_ms);
+    boost::system::error_code ec;
+    http::write(stream, req, ec);
+    if (ec) {
+      if (reused && ec != net::error::operation_aborted && ec != net::error::timed_out) continue;
+      return transportError(endpoint, "sending to", ec);
+    }
+    boost::beast::flat_buffer buffer;
+    http::response_parser<http::string_body> parser;
+    parser.body_limit(64ULL << 20);
+    http::read(stream, buffer, parser, ec);
+    if (ec) {
+      if (reused && !parser.got_some() && buffer.size() == 0 && ec != net::error::operation_aborted &&
+          ec != net::error::timed_out) {
+        continue;
+      }
+      return transportError(endpoint, "reading the answer of", ec);
+    }
+    HttpReply reply;
+    auto& res = parser.get();
+    reply.status = static_cast<int>(res.result_int());
+    bool keep = options.pool != nullptr && res.keep_alive() && buffer.size() == 0;
+    reply.body = std::move(res.body());
+    reply.headers = relayedHeaders(res.base());
+    if (auto it = res.find(http::field::content_type); it != res.end()) {
+      reply.headers.emplace_back("Content-Type", std::string(it->value()));
+    }
+    if (keep) options.pool->give(endpoint, std::move(fd));
+    return reply;
   }
-  return reply;
 }
 
 Status forward(HttpExchange& ex, const std::string& endpoint, const std::string& token, const CallOptions& options,

@@ -233,6 +233,7 @@ Status Gateway::removeNode(const std::string& name) {
     uint64_t one = 1;
     (void)!::write(it->second.abort_fd->get(), &one, sizeof(one));
   }
+  pool_.drop(it->second.spec.endpoint);
   nodes_.erase(it);
   DSEC_LOG(kInfo, kLog) << "node " << name << " left the fleet";
   return okStatus();
@@ -258,6 +259,9 @@ void Gateway::markSeen(Node& node, const json* info) {
       cpus = (*info)["capacity"].value("cpus_committed", cpus);
     }
     (void)placer_.setCommitted(node.id, cpus, node.memory_committed, node.sandboxes);
+    if (info->contains("qos") && (*info)["qos"].is_object()) {
+      node.free_dedicated_cores = (*info)["qos"].value("free_dedicated_cores", -1);  // CPU QoS (docs/qos.md)
+    }
   }
 }
 
@@ -267,6 +271,7 @@ void Gateway::markLost(Node& node, const std::string& why) {
   (void)placer_.setHealthy(node.id, false);
   uint64_t one = 1;
   if (node.abort_fd) (void)!::write(node.abort_fd->get(), &one, sizeof(one));  // aborts requests in flight there
+  pool_.drop(node.spec.endpoint);
   DSEC_LOG(kWarn, kLog) << "node " << node.spec.name << " is lost (last seen "
                         << secondsText(monotonicSeconds() - node.last_seen) << " ago): " << why;
 }
@@ -280,6 +285,7 @@ void Gateway::probeAll() {
   fleet::CallOptions o;
   o.connect_timeout_ms = static_cast<int>(options_.probe_timeout_seconds * 1000);
   o.io_timeout_ms = o.connect_timeout_ms;
+  o.pool = options_.pool_connections ? &pool_ : nullptr;
   std::vector<std::future<Result<fleet::HttpReply>>> futures;
   for (const auto& target : targets) {
     const std::string& endpoint = target.second;
@@ -361,6 +367,7 @@ fleet::CallOptions Gateway::callOptions(const NodeRef& node, int io_timeout_ms) 
   o.connect_timeout_ms = options_.connect_timeout_ms;
   o.io_timeout_ms = io_timeout_ms;
   o.abort_fd = node.abort_fd ? node.abort_fd->get() : -1;
+  o.pool = options_.pool_connections ? &pool_ : nullptr;
   return o;
 }
 
@@ -457,6 +464,7 @@ void Gateway::handle(HttpExchange& ex) {
       if (segs[1] == "sessions") return handleSessions(ex, segs);
       if (segs[1] == "node" && segs.size() == 2) return fleetNodeInfo(ex);
       if (segs[1] == "layers" && segs.size() == 2) return forwardToAny(ex);
+      if (segs[1] == "call" && segs.size() == 2) return forwardCall(ex);
       if (segs[1] == "sandboxes" && segs.size() == 2) {
         if (ex.method() == http::verb::post) return createSandbox(ex);
         if (ex.method() == http::verb::get) return listSandboxes(ex);
@@ -555,6 +563,13 @@ void Gateway::createSandbox(HttpExchange& ex) {
   }
 
   std::vector<placement::NodeId> exclude;
+  if (body.contains("qos") && body["qos"] == "latency") {
+    // A latency sandbox needs ceil(cpus) dedicated cores: skip nodes whose last report had fewer free.
+    std::lock_guard lock(mu_);
+    for (const auto& [name, n] : nodes_) {
+      if (n.free_dedicated_cores >= 0 && n.free_dedicated_cores < std::ceil(request.cpus - 1e-9)) exclude.push_back(n.id);
+    }
+  }
   std::string last_refusal;
   bool any_capacity_refusal = false;
   for (int attempt = 0; attempt < options_.max_place_attempts; ++attempt) {

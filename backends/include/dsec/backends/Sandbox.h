@@ -20,6 +20,12 @@ namespace dsec::backends {
 
 enum class NetworkMode { kNone, kHost };
 
+// CPU quality of service (docs/density.md). Latency sandboxes get dedicated cores (a cpuset inside one
+// NUMA domain, memory bound there) at normal priority; batch sandboxes share the node's pool under
+// SCHED_IDLE with a low CPU weight, so they only use what latency work leaves idle.
+enum class CpuQos { kBatch, kLatency };
+const char* cpuQosName(CpuQos qos);
+
 struct SandboxSpec {
   std::string id;                          // "<node>-<hex>", also the hostname inside
   std::string image;                       // "debian:12+python:3.11", for info
@@ -30,6 +36,12 @@ struct SandboxSpec {
   int64_t disk_bytes = 0;                  // size of the writable upper (tmpfs); 0 = backend default
   std::map<std::string, std::string> env;  // default environment of every exec
   NetworkMode network = NetworkMode::kNone;
+  CpuQos qos = CpuQos::kBatch;
+  std::string cpuset_cpus;  // "2-5" (cpuset.cpus); "" = the parent's (shared pool)
+  std::string cpuset_mems;  // "0" (cpuset.mems); "" = the parent's
+  // No writable upper: / is the read-only layer stack and only /tmp, /dev/shm and /work are writable tmpfs
+  // (fncall workers: what one call writes cannot survive outside directories the worker wipes).
+  bool read_only_root = false;
   // When set, the writable upper (and overlay workdir) live in this host directory instead of a tmpfs
   // inside the sandbox, so `dsec layer build --on --run` can capture it; it must exist and be empty.
   std::string upper_dir;
@@ -46,6 +58,16 @@ struct ExecRequest {
   int stdin_fd = -1;
   double timeout_seconds = 0;     // 0 = none
   int64_t output_cap = 16 << 20;  // bytes kept per stream; the rest is drained and dropped
+};
+
+// A long-running process started inside a sandbox whose pipes the caller keeps (fncall workers). The
+// process is in the sandbox's cgroup and namespaces, with the same restrictions as an exec.
+struct LongRunningProcess {
+  pid_t pid = -1;       // host pid
+  UniqueFd pidfd;       // to wait for it / kill it without pid reuse races
+  UniqueFd stdin_fd;    // write end of its stdin
+  UniqueFd stdout_fd;   // read end of its stdout
+  UniqueFd stderr_fd;   // read end of its stderr
 };
 
 struct ExecResult {
@@ -99,6 +121,20 @@ class Sandbox {
   // True once exec/execStream honour ExecRequest::stdin_fd. Until then the API server streams tar uploads
   // through a temporary file inside the sandbox instead of a pipe.
   virtual bool supportsStdinFd() const { return false; }
+  // Starts argv inside the sandbox and returns at once with its pipes (ExecRequest's timeout, output_cap
+  // and stdin fields are ignored). kUnsupported for backends that cannot. The process is the caller's child:
+  // the caller reaps it (waitid(P_PIDFD) on the pidfd) once it has exited; destroy() kills and reaps those
+  // still running (a later waitid of the caller then fails with ECHILD).
+  virtual Result<LongRunningProcess> spawn(const ExecRequest& request) {
+    (void)request;
+    return Error(ErrorCode::kUnsupported, backendName() + " sandboxes cannot spawn long-running processes");
+  }
+  // Changes the sandbox's memory limit (0 = unlimited) while it runs (fncall sets each call's limit on its
+  // worker). Lowering it below what the sandbox uses and cannot reclaim fails with kResourceExhausted.
+  virtual Status setMemoryLimit(int64_t bytes) {
+    (void)bytes;
+    return Error(ErrorCode::kUnsupported, backendName() + " sandboxes cannot change their memory limit");
+  }
 
   // Files, resolved inside the sandbox's root (symlinks cannot escape it).
   virtual Result<UniqueFd> openForRead(const std::string& path) = 0;  // a regular file

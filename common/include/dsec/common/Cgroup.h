@@ -19,6 +19,14 @@ struct CgroupLimits {
   double cpus = 0;           // 0 = unlimited; quota as CPUs (v2 cpu.max, v1 cfs_quota/period)
   int64_t pids = 0;          // 0 = unlimited
   uint64_t cpu_weight = 0;   // 0 = default; v2 cpu.weight (1..10000), v1 shares scaled from it
+  // cpuset.cpus / cpuset.mems in list format ("2-3", "0"); "" = the parent's (the node's shared pool). v1 needs
+  // both set before a cgroup takes tasks, so the driver copies the parent's when not given; v2 inherits.
+  std::string cpuset_cpus = {};
+  std::string cpuset_mems = {};
+  // cpu.idle = 1 (Linux >= 5.15, v1 and v2): the cgroup's group entity is SCHED_IDLE among its siblings, so a
+  // normal task waking next to it preempts it at once (a task's own SCHED_IDLE only counts inside its group).
+  // Skipped where the kernel has no cpu.idle.
+  bool cpu_idle = false;
 };
 
 struct CgroupStats {
@@ -58,6 +66,9 @@ class Cgroup {
   // A directory path usable with clone3(CLONE_INTO_CGROUP) (v2 only), else "".
   virtual std::string cloneIntoPath() const = 0;
   virtual Status setLimits(const CgroupLimits& limits) = 0;
+  // Moves the cgroup to other CPUs / memory nodes (the shared pool grew or shrank); "" leaves that one as it is.
+  // kUnsupported when the node has no cpuset controller for this cgroup (v1 not mounted, v2 not enabled).
+  virtual Status setCpuset(const std::string& cpus, const std::string& mems) = 0;
   virtual Status freeze() = 0;  // returns when every task is frozen
   virtual Status thaw() = 0;
   virtual Result<CgroupStats> stats() = 0;
@@ -93,6 +104,8 @@ constexpr int64_t kCpuPeriodUsec = 100000;
 int64_t cpuQuotaUsec(double cpus);
 // v1 cpu.shares for a v2-style weight (default 100 <-> 1024 shares), clamped to [2, 262144]; 0 -> 1024.
 uint64_t cpuWeightToShares(uint64_t weight);
+// A cpuset list ("0-3,8"): digits, ',' and '-' only, each range ascending; "" is valid (= the parent's).
+Status validateCpusetList(const std::string& list, const std::string& field);
 // Rejects negative or impossible limits (kInvalidArgument, message naming the field).
 Status validateCgroupLimits(const CgroupLimits& limits);
 

@@ -29,6 +29,7 @@ class ApiServer : public RequestHandler {
   std::optional<nlohmann::json> readJson(HttpExchange& ex, uint64_t limit);
 
   void createSandbox(HttpExchange& ex);
+  void call(HttpExchange& ex);  // POST /v1/call, CallApi.cc
   void exec(HttpExchange& ex, const std::string& id, bool stream);
   void readFile(HttpExchange& ex, const RouteMatch& m);
   void writeFile(HttpExchange& ex, const RouteMatch& m);

@@ -16,6 +16,7 @@
 
 #include "dsec/common/Fd.h"
 #include "dsec/common/Result.h"
+#include "dsec/launcher/ConnectionPool.h"
 #include "dsec/launcher/HttpServer.h"
 
 namespace dsec::launcher::fleet {
@@ -31,6 +32,9 @@ struct CallOptions {
   int connect_timeout_ms = 2000;
   int io_timeout_ms = 10000;  // per read/write inactivity
   int abort_fd = -1;          // readable -> the call fails at once (the node was declared lost)
+  // call(): take a keep-alive connection from here and give it back after a complete answer (null: one
+  // connection per call, closed after it).
+  ConnectionPool* pool = nullptr;
 };
 
 struct HttpReply {

@@ -40,6 +40,9 @@ struct GatewayOptions {
   uint64_t seed = 0;
   double cpu_overcommit = 8.0;  // rollout sandboxes are mostly idle
   double memory_overcommit = 1.0;
+  // Keep-alive connections to the nodes for creates, probes and fan-out (false: one connection per call, as
+  // before the pool; `dsec bench gateway --no-pool` compares).
+  bool pool_connections = true;
 };
 
 enum class NodeState { kHealthy, kLost, kDraining };
@@ -94,6 +97,7 @@ class Gateway : public RequestHandler {
     double reported_cpus = -1;  // committed CPUs from the last registration
     int64_t sandboxes = 0;
     int64_t memory_committed = 0;
+    int free_dedicated_cores = -1;  // for latency sandboxes, from /v1/node "qos" (-1 = not reported)
     int consecutive_failures = 0;
     std::shared_ptr<UniqueFd> abort_fd;  // eventfd, written when the node is declared lost
   };
@@ -122,12 +126,16 @@ class Gateway : public RequestHandler {
   void handleSessions(HttpExchange& ex, const std::vector<std::string>& segs);
   void fleetNodeInfo(HttpExchange& ex);
   void forwardToAny(HttpExchange& ex);
+  // POST /v1/call to a live node offering fncall, round robin, another node on 429 (GatewayCall.cc).
+  void forwardCall(HttpExchange& ex);
   // Sends the same request to every live node in parallel; (node, reply-or-error) per node.
   std::vector<std::pair<NodeRef, Result<fleet::HttpReply>>> fanOut(boost::beast::http::verb method,
                                                                    const std::string& target, const std::string& body);
 
   GatewayOptions options_;
   placement::ClusterPlacer placer_;
+  // Keep-alive connections to the nodes for JSON calls (creates, probes, fan-out): see ConnectionPool.h.
+  mutable fleet::ConnectionPool pool_;  // internally synchronised; callOptions() is const
   double started_ = 0;
   std::mutex mu_;
   std::map<std::string, Node> nodes_;
@@ -138,6 +146,7 @@ class Gateway : public RequestHandler {
   std::condition_variable watch_cv_;
   bool stopping_ = false;
   std::thread watcher_;
+  std::atomic<uint64_t> call_next_{0};  // round robin of /v1/call
 };
 
 }  // namespace dsec::launcher

@@ -26,8 +26,10 @@
 #include "dsec/fs3/LayerMounter.h"
 #include "dsec/fs3/LayerStore.h"
 #include "dsec/launcher/Metrics.h"
+#include "dsec/launcher/NodeFncall.h"
 #include "dsec/launcher/Requests.h"
 #include "dsec/launcher/Sessions.h"
+#include "dsec/placement/DensityController.h"
 
 namespace dsec::launcher {
 
@@ -38,7 +40,22 @@ struct NodeOptions {
   int64_t max_sandboxes = 4096;
   double reaper_interval_seconds = 1.0;
   std::string cgroup_parent;  // empty: cgroupParentForRoot(root)
+  // A simulated node (SimulatedBackend.h): sandboxes hold no processes; creates are validated and admitted
+  // as on a real node but check no image, mount no layers and write no state files (docs/fleet.md).
+  bool simulate = false;
+  FncallOptions fncall;       // the fncall backend (NodeFncall.h)
+  // The density controller (docs/density.md): density.overcommit = false is static limits (ratio 1.0).
+  placement::DensityConfig density;
+  int64_t memory_capacity_bytes = 0;  // 0: physical memory; else what admission and the controller count
+  double density_interval_seconds = 1.0;
+  // CPU QoS (docs/qos.md, CpuAllocator.h): false makes every sandbox plain (no SCHED_IDLE, no cpusets);
+  // cpu_exclusive_pool moves batch sandboxes off the cores dedicated to latency ones.
+  bool cpu_qos = true;
+  bool cpu_exclusive_pool = true;
 };
+
+class DensityLoop;
+class CpuAllocator;
 
 // "dsec" for /var/lib/dsec, else "dsec-<8 hex of a hash of the root path>".
 std::string cgroupParentForRoot(const std::string& root);
@@ -53,7 +70,8 @@ struct SandboxRecord {
 
   std::mutex mu;  // serialises pause/resume/destroy and the transparent resume
   bool destroyed = false;
-  // Why the sandbox is paused while it is: "user" (POST .../pause) or "lease" (its session lapsed). Under mu.
+  // Why the sandbox is paused while it is: "user" (POST .../pause), "lease" (its session lapsed) or "density"
+  // (the density controller, under memory pressure). Under mu.
   std::string paused_by;
   // Declared before `sandbox` so the sandbox handle goes first when the record dies.
   std::unique_ptr<fs3::ImageMount> mount;
@@ -117,8 +135,12 @@ class NodeAgent {
   const std::string& unavailableReason() const { return unavailable_reason_; }
   std::string stateDir() const;
   size_t sandboxCount();
+  // The fncall backend (POST /v1/call); null when unusable here, with the reason (NodeAgentFncall.cc).
+  NodeFncall* fncall() { return fncall_.get(); }
+  const std::string& fncallUnavailableReason() const { return fncall_unavailable_; }
 
  private:
+  friend class DensityLoop;  // samples the registry, pauses/resumes with paused_by "density"
   NodeAgent(const NodeOptions& options, Metrics* metrics);
   void adoptAll();
   void reaperLoop();
@@ -143,6 +165,13 @@ class NodeAgent {
   std::string unavailable_reason_;
   std::string cgroup_parent_;
   std::unique_ptr<SessionTable> sessions_;
+  // After the mounter and backend its workers use, so it goes first (NodeAgentFncall.cc).
+  void startFncall();
+  void addFncallInfo(nlohmann::json* info);
+  std::unique_ptr<NodeFncall> fncall_;
+  std::string fncall_unavailable_;
+  std::unique_ptr<DensityLoop> density_;
+  std::unique_ptr<CpuAllocator> cpu_;  // CPU QoS: dedicated cores of latency sandboxes (CpuAllocator.h)
 
   std::mutex mu_;
   std::map<std::string, std::shared_ptr<SandboxRecord>> sandboxes_;

@@ -37,6 +37,8 @@ struct CreateParams {
   std::map<std::string, std::string> labels;
   backends::NetworkMode network = backends::NetworkMode::kNone;
   std::string session;  // the session the sandbox belongs to ("" = none)
+  // CPU QoS (docs/qos.md): "latency" gets dedicated cores, "batch" (default) shares the pool under SCHED_IDLE.
+  backends::CpuQos qos = backends::CpuQos::kBatch;
 };
 
 // Parses a request body into JSON, refusing non-objects and absurd nesting (which would otherwise cost

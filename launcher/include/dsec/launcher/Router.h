@@ -36,6 +36,7 @@ enum class Op {
   kGetSession,
   kDeleteSession,
   kAttachSession,
+  kCall,  // POST /v1/call (fncall)
 };
 
 struct QueryParams {

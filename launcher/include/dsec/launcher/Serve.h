@@ -6,6 +6,8 @@
 #include <string>
 
 #include "dsec/common/Result.h"
+#include "dsec/launcher/NodeFncall.h"
+#include "dsec/placement/DensityController.h"
 
 namespace dsec::launcher {
 
@@ -20,6 +22,15 @@ struct ServeOptions {
   // Parent of the sandboxes' cgroups. Empty: "dsec" for the default root, else "dsec-<hash of root>", so
   // nodes with different roots on one host (tests, several fleets) never reap each other's sandboxes.
   std::string cgroup_parent;
+  // A simulated node: sandboxes are records without processes (NodeOptions::simulate, docs/fleet.md).
+  bool simulate = false;
+  // The fncall backend: default image (fncall.image, "debian:12+python:3.11"), worker count, queue wait.
+  FncallOptions fncall;
+  // The density controller (docs/density.md); density.overcommit = false: static limits, no overcommit.
+  placement::DensityConfig density;
+  int64_t memory_capacity_bytes = 0;  // 0: the node's physical memory
+  bool cpu_qos = true;                 // CPU QoS (docs/qos.md); false: every sandbox plain
+  bool cpu_exclusive_pool = true;      // batch sandboxes leave the cores dedicated to latency ones
 };
 
 // A running node: agent + API server on background threads. stop() (or the destructor) stops serving; the

@@ -20,7 +20,13 @@ struct ContainerBackendOptions {
   int64_t default_disk_bytes = 1LL << 30;  // upper size when the spec gives none
   int netns_pool_size = 8;                 // network namespaces made ahead of time (0 = make each in the create path)
   int init_pool_size = 4;                  // sandbox inits started ahead of time (network "none"; 0 = none)
+  // CPU QoS (docs/qos.md): batch sandboxes run every process under SCHED_IDLE in a cgroup with cpu.idle and a low
+  // weight; latency ones at normal priority. A spec's cpuset is applied either way. false: every sandbox is plain.
+  bool cpu_qos = true;
 };
+
+// The cgroup weight of batch sandboxes (v2 cpu.weight scale; v1 shares 102): low, so they yield to everything.
+constexpr uint64_t kBatchCpuWeight = 10;
 
 Result<std::unique_ptr<Backend>> makeContainerBackend(const ContainerBackendOptions& options);
 

@@ -1,0 +1,230 @@
+// Simulated nodes (NodeOptions::simulate) and the gateway's connection pool, over real sockets: a simulated
+// node validates and admits like a real one but starts nothing (exec and files are 501 naming the simulated
+// node); a few simulated nodes behind the real Gateway take every create and spread them; the pool reuses
+// one connection per node, survives a node restarted on the same port and never keeps a closed connection.
+// No timing assertions (bench gateway measures).
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "dsec/common/Strings.h"
+#include "dsec/launcher/ConnectionPool.h"
+#include "dsec/launcher/Fleet.h"
+#include "dsec/launcher/Gateway.h"
+#include "dsec/launcher/HttpServer.h"
+#include "dsec/launcher/Serve.h"
+#include "dsec/testing/TestSupport.h"
+
+namespace dsec::launcher {
+namespace {
+
+using nlohmann::json;
+namespace http = boost::beast::http;
+
+fleet::HttpReply mustCall(const std::string& endpoint, http::verb method, const std::string& target,
+                          const std::string& token, const std::string& body = "",
+                          fleet::ConnectionPool* pool = nullptr) {
+  fleet::CallOptions o;
+  o.io_timeout_ms = 20000;
+  o.pool = pool;
+  auto r = fleet::call(endpoint, method, target, token, body, o);
+  EXPECT_TRUE(r.ok()) << method << " " << target << ": " << (r.ok() ? "" : r.error().message());
+  return r.ok() ? *r : fleet::HttpReply{};
+}
+
+// A simulated node on its own root, with the given token (the fleet's) written where the node reads it.
+std::unique_ptr<EmbeddedNode> startSimulated(const std::string& root, const std::string& name,
+                                             const std::string& token) {
+  EXPECT_OK(makeDirs(root, 0700));
+  {
+    std::ofstream out(root + "/token");
+    out << token << "\n";
+  }
+  ServeOptions o;
+  o.root = root;
+  o.listen = "127.0.0.1:0";
+  o.fleet_name = "sim";
+  o.node_name = name;
+  o.write_fleet_file = false;
+  o.simulate = true;
+  auto node = EmbeddedNode::start(o);
+  EXPECT_TRUE(node.ok()) << (node.ok() ? "" : node.error().message());
+  return node.ok() ? std::move(*node) : nullptr;
+}
+
+TEST(SimulatedNode, AdmitsAndValidatesButRunsNothing) {
+  testing::TempDir root;
+  std::string token = randomHex(64);
+  auto node = startSimulated(root.path() + "/n0", "n0", token);
+  ASSERT_NE(node, nullptr);
+  std::string ep = node->endpoint();
+
+  // No layer store behind it: the image is not checked, but the request is validated in full.
+  auto bad = mustCall(ep, http::verb::post, "/v1/sandboxes", token, R"({"image":"x:1","cpus":-1})");
+  EXPECT_EQ(bad.status, 400) << bad.body;
+  EXPECT_EQ(mustCall(ep, http::verb::post, "/v1/sandboxes", token, R"({"image":"x:1","colour":"red"})").status, 400);
+  EXPECT_EQ(mustCall(ep, http::verb::post, "/v1/sandboxes", token, R"({"image":"x:1"})", nullptr).status, 201);
+  auto created = mustCall(ep, http::verb::post, "/v1/sandboxes", token,
+                          R"({"image":"debian:12+python:3.11","memory":"1G","labels":{"a":"b"}})");
+  ASSERT_EQ(created.status, 201) << created.body;
+  auto info = created.json();
+  std::string id = info.value("id", "");
+  EXPECT_EQ(nodeOfSandboxId(id), "n0");
+  EXPECT_EQ(info["state"], "running");
+  EXPECT_EQ(info["memory"], int64_t{1} << 30);
+  EXPECT_EQ(info["labels"]["a"], "b");
+
+  auto exec = mustCall(ep, http::verb::post, "/v1/sandboxes/" + id + "/exec", token, R"({"cmd":"true"})");
+  EXPECT_EQ(exec.status, 501) << exec.body;
+  EXPECT_NE(exec.body.find("simulated node"), std::string::npos) << exec.body;
+  EXPECT_EQ(mustCall(ep, http::verb::get, "/v1/sandboxes/" + id + "/files?path=/etc/hostname", token).status, 501);
+
+  EXPECT_EQ(mustCall(ep, http::verb::post, "/v1/sandboxes/" + id + "/pause", token).json()["state"], "paused");
+  EXPECT_EQ(mustCall(ep, http::verb::post, "/v1/sandboxes/" + id + "/resume", token).json()["state"], "running");
+  auto node_info = mustCall(ep, http::verb::get, "/v1/node", token).json();
+  EXPECT_EQ(node_info["sandboxes"], 2);
+  EXPECT_EQ(node_info["capacity"]["memory_committed_bytes"], (int64_t{1} << 30) + (int64_t{512} << 20));
+  EXPECT_EQ(mustCall(ep, http::verb::get, "/v1/sandboxes?label=a=b", token).json()["sandboxes"].size(), 1u);
+
+  EXPECT_EQ(mustCall(ep, http::verb::delete_, "/v1/sandboxes/" + id, token).status, 200);
+  EXPECT_EQ(mustCall(ep, http::verb::get, "/v1/sandboxes/" + id, token).status, 404);
+  node->stop(/*destroy_sandboxes=*/true);
+}
+
+TEST(SimulatedFleet, EveryCreateThroughTheGatewaySucceedsAndSpreads) {
+  constexpr int kNodes = 4, kThreads = 4, kPerThread = 50;
+  testing::TempDir root;
+  std::string token = randomHex(64);
+  std::vector<std::unique_ptr<EmbeddedNode>> nodes;
+  GatewayOptions go;
+  go.fleet_name = "sim";
+  go.token = token;
+  go.seed = 7;
+  Gateway gateway(go);
+  for (int i = 0; i < kNodes; ++i) {
+    std::string name = "s" + std::to_string(i);
+    nodes.push_back(startSimulated(root.path() + "/" + name, name, token));
+    ASSERT_NE(nodes.back(), nullptr);
+    FleetNodeSpec spec;
+    spec.name = name;
+    spec.endpoint = nodes.back()->endpoint();
+    spec.cpus = 64;
+    spec.memory_bytes = 256LL << 30;
+    ASSERT_OK(gateway.registerNode(spec, true));
+  }
+  gateway.start();
+  HttpServerOptions ho;
+  ho.listen = "127.0.0.1:0";
+  auto server = HttpServer::start(ho, &gateway);
+  ASSERT_OK(server);
+  std::string gw = (*server)->endpoint();
+
+  std::mutex mu;
+  std::vector<std::string> ids;
+  std::atomic<int> failures{0};
+  std::string first_failure;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&] {
+      fleet::ConnectionPool client_pool;  // the client's own keep-alive connection, like the bench's
+      for (int i = 0; i < kPerThread; ++i) {
+        fleet::CallOptions o;
+        o.io_timeout_ms = 20000;
+        o.pool = &client_pool;
+        auto r = fleet::call(gw, http::verb::post, "/v1/sandboxes", token, R"({"image":"x:1","cpus":0.5})", o);
+        std::lock_guard lock(mu);
+        if (!r.ok() || r->status != 201) {
+          ++failures;
+          if (first_failure.empty()) first_failure = r.ok() ? r->body : r.error().message();
+          continue;
+        }
+        ids.push_back(r->json().value("id", ""));
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0) << first_failure;
+  ASSERT_EQ(ids.size(), static_cast<size_t>(kThreads * kPerThread));
+
+  // The nodes' books: each holds exactly the sandboxes whose ids name it, and every node got some.
+  std::map<std::string, int> by_id;
+  for (const auto& id : ids) by_id[nodeOfSandboxId(id)]++;
+  int64_t held = 0;
+  for (int i = 0; i < kNodes; ++i) {
+    std::string name = "s" + std::to_string(i);
+    auto info = mustCall(nodes[i]->endpoint(), http::verb::get, "/v1/node", token).json();
+    EXPECT_EQ(info.value("sandboxes", -1), by_id[name]) << name;
+    EXPECT_GE(by_id[name], kThreads * kPerThread / kNodes / 4) << name << " got too few: placement did not spread";
+    held += info.value("sandboxes", 0);
+  }
+  EXPECT_EQ(held, kThreads * kPerThread);
+
+  // Requests naming a sandbox reach its node in one hop; exec says the node is simulated.
+  for (size_t i = 0; i < ids.size(); i += 37) {
+    EXPECT_EQ(mustCall(gw, http::verb::get, "/v1/sandboxes/" + ids[i], token).json()["node"], nodeOfSandboxId(ids[i]));
+    EXPECT_EQ(mustCall(gw, http::verb::post, "/v1/sandboxes/" + ids[i] + "/exec", token, R"({"cmd":"true"})").status,
+              501);
+    EXPECT_EQ(mustCall(gw, http::verb::delete_, "/v1/sandboxes/" + ids[i], token).status, 200);
+  }
+  (*server)->stop();
+  gateway.stop();
+  for (auto& n : nodes) n->stop(true);
+}
+
+// Counts the connections a server accepted (each runs serveConnection once).
+class CountingNode : public RequestHandler {
+ public:
+  void handle(HttpExchange& ex) override {
+    (void)ex.discardBody(1 << 20);
+    if (close_) ex.forceClose();
+    ex.sendJson(200, json{{"ok", true}});
+  }
+  std::atomic<bool> close_{false};
+};
+
+TEST(ConnectionPool, ReusesOneConnectionPerNodeAndSurvivesARestart) {
+  CountingNode handler;
+  HttpServerOptions o;
+  o.listen = "127.0.0.1:0";
+  auto server = HttpServer::start(o, &handler);
+  ASSERT_OK(server);
+  std::string ep = (*server)->endpoint();
+  fleet::ConnectionPool pool;
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(mustCall(ep, http::verb::post, "/x", "t", "{}", &pool).status, 200);
+  EXPECT_EQ(pool.reused(), 19u);
+  EXPECT_EQ(pool.idle(ep), 1u);
+  EXPECT_EQ((*server)->activeConnections(), 1);
+
+  // The node restarts on the same port: the idle connection is dead; the call still succeeds on a new one.
+  int port = (*server)->port();
+  (*server)->stop();
+  o.listen = "127.0.0.1:" + std::to_string(port);
+  auto again = HttpServer::start(o, &handler);
+  ASSERT_OK(again);
+  EXPECT_EQ(mustCall(ep, http::verb::get, "/x", "t", "", &pool).status, 200);
+  EXPECT_EQ(pool.idle(ep), 1u);
+
+  // An answer that closes the connection is not kept.
+  handler.close_ = true;
+  EXPECT_EQ(mustCall(ep, http::verb::get, "/x", "t", "", &pool).status, 200);
+  EXPECT_EQ(pool.idle(ep), 0u);
+  handler.close_ = false;
+
+  // A node that is gone: the error says so, nothing is kept.
+  (*again)->stop();
+  fleet::CallOptions co;
+  co.pool = &pool;
+  co.connect_timeout_ms = 2000;
+  auto gone = fleet::call(ep, http::verb::get, "/x", "t", "", co);
+  EXPECT_FALSE(gone.ok());
+  EXPECT_EQ(pool.idle(ep), 0u);
+  pool.drop(ep);
+}
+
+}  // namespace
+}  // namespace dsec::launcher
