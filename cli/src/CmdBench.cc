@@ -9,7 +9,7 @@ namespace dsec::cli {
 int benchCreate(const Invocation& inv);
 int benchDensity(const Invocation& inv);
 int benchGateway(const Invocation& inv);
-int benchQos(const Invocation& inv);  // BenchQos.cc
+int benchQos(const Invocation& inv);     // BenchQos.cc
 int benchFncall(const Invocation& inv);  // BenchFncall.cc
 
 // A simulated cell through the real placement code (placement/): no node or root needed.
@@ -17,8 +17,8 @@ int benchPlacement(const Invocation& inv) { return placement::placementBenchMain
 
 int cmdBench(const Invocation& inv) {
   static const std::pair<const char*, int (*)(const Invocation&)> kSubcommands[] = {
-      {"create", benchCreate}, {"density", benchDensity}, {"placement", benchPlacement},
-      {"gateway", benchGateway}, {"qos", benchQos}, {"fncall", benchFncall}};
+      {"create", benchCreate},   {"density", benchDensity}, {"placement", benchPlacement},
+      {"gateway", benchGateway}, {"qos", benchQos},         {"fncall", benchFncall}};
   if (inv.args.empty() || inv.args[0] == "--help" || inv.args[0] == "-h") {
     std::ostream& out = inv.args.empty() ? std::cerr : std::cout;
     out << "usage: dsec bench create --backend container --count N --concurrency C [--image IMAGE]\n"

@@ -152,8 +152,8 @@ Result<std::unique_ptr<NodeAgent>> NodeAgent::start(const NodeOptions& options, 
   }
   agent->sessions_ = std::make_unique<SessionTable>(options.root + "/state/sessions");
   // A simulated node books cores but moves no cgroups (it has none).
-  agent->cpu_ = std::make_unique<CpuAllocator>(CpuAllocatorOptions{
-      options.cpu_qos, options.cpu_exclusive_pool && !options.simulate, agent->cgroup_parent_, ""});
+  agent->cpu_ = std::make_unique<CpuAllocator>(
+      CpuAllocatorOptions{options.cpu_qos, options.cpu_exclusive_pool && !options.simulate, agent->cgroup_parent_, ""});
   if (agent->backend_) agent->adoptAll();
   agent->loadSessions();
   agent->startFncall();  // after adoptAll: leftover fncall workers of an earlier agent are reaped by then
@@ -537,7 +537,8 @@ void NodeAgent::adoptAll() {
       sandboxes_[id] = rec;
     }
     json recorded = state.value("cpuset", json(nullptr));
-    if (auto st = cpu_->readopt(id, rec->params.qos, rec->params.cpus, recorded.is_string() ? recorded.get<std::string>() : "");
+    if (auto st = cpu_->readopt(id, rec->params.qos, rec->params.cpus,
+                                recorded.is_string() ? recorded.get<std::string>() : "");
         !st.ok()) {
       DSEC_LOG(kWarn, kLog) << "re-adopted " << id << " without its cores: " << st.error().toString();
     }
@@ -729,18 +730,18 @@ json NodeAgent::nodeInfo() {
     for (const auto& [id, rec] : sandboxes_) committed += rec->params.memory_bytes;
   }
   json info{{"node", options_.node_name},
-              {"fleet", options_.fleet_name},
-              {"backends", backends},
-              {"unavailable_backends", unavailable},
-              {"capacity",
-               {{"max_sandboxes", options_.max_sandboxes},
-                {"free_sandboxes", std::max<int64_t>(0, options_.max_sandboxes - static_cast<int64_t>(count))},
-                {"memory_bytes", node_memory_bytes_},
-                {"memory_committed_bytes", committed},
-                {"cpus", static_cast<int64_t>(sysconf(_SC_NPROCESSORS_ONLN))}}},
-              {"sandboxes", count},
-              {"density", density_ ? density_->nodeJson() : json(nullptr)},
-              {"qos", cpu_ ? cpu_->nodeJson() : json(nullptr)}};
+            {"fleet", options_.fleet_name},
+            {"backends", backends},
+            {"unavailable_backends", unavailable},
+            {"capacity",
+             {{"max_sandboxes", options_.max_sandboxes},
+              {"free_sandboxes", std::max<int64_t>(0, options_.max_sandboxes - static_cast<int64_t>(count))},
+              {"memory_bytes", node_memory_bytes_},
+              {"memory_committed_bytes", committed},
+              {"cpus", static_cast<int64_t>(sysconf(_SC_NPROCESSORS_ONLN))}}},
+            {"sandboxes", count},
+            {"density", density_ ? density_->nodeJson() : json(nullptr)},
+            {"qos", cpu_ ? cpu_->nodeJson() : json(nullptr)}};
   addFncallInfo(&info);
   return info;
 }

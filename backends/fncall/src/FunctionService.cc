@@ -141,8 +141,13 @@ void Service::startCreate(const PoolKey& key) {
       ++pool.failures_in_a_row;
       pool.next_create_after =
           monotonicSeconds() + std::min(kMaxCreateBackoffSeconds, std::pow(2.0, pool.failures_in_a_row - 1));
+      // Once per run of failures (or when the cause changes): a node whose default image is not built yet
+      // would otherwise log the same line at every backoff step, forever.
+      bool same_cause = pool.last_error && pool.last_error->message() == worker.error().message();
+      if (!same_cause) {
+        DSEC_LOG(kWarn, kLog) << worker.error().toString() << " (retrying with backoff; logged once)";
+      }
       pool.last_error = worker.error();
-      DSEC_LOG(kWarn, kLog) << worker.error().toString();
       cv_.notify_all();
       return;
     }

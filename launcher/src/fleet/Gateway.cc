@@ -567,7 +567,8 @@ void Gateway::createSandbox(HttpExchange& ex) {
     // A latency sandbox needs ceil(cpus) dedicated cores: skip nodes whose last report had fewer free.
     std::lock_guard lock(mu_);
     for (const auto& [name, n] : nodes_) {
-      if (n.free_dedicated_cores >= 0 && n.free_dedicated_cores < std::ceil(request.cpus - 1e-9)) exclude.push_back(n.id);
+      if (n.free_dedicated_cores >= 0 && n.free_dedicated_cores < std::ceil(request.cpus - 1e-9))
+        exclude.push_back(n.id);
     }
   }
   std::string last_refusal;

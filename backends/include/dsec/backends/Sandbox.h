@@ -63,11 +63,11 @@ struct ExecRequest {
 // A long-running process started inside a sandbox whose pipes the caller keeps (fncall workers). The
 // process is in the sandbox's cgroup and namespaces, with the same restrictions as an exec.
 struct LongRunningProcess {
-  pid_t pid = -1;       // host pid
-  UniqueFd pidfd;       // to wait for it / kill it without pid reuse races
-  UniqueFd stdin_fd;    // write end of its stdin
-  UniqueFd stdout_fd;   // read end of its stdout
-  UniqueFd stderr_fd;   // read end of its stderr
+  pid_t pid = -1;      // host pid
+  UniqueFd pidfd;      // to wait for it / kill it without pid reuse races
+  UniqueFd stdin_fd;   // write end of its stdin
+  UniqueFd stdout_fd;  // read end of its stdout
+  UniqueFd stderr_fd;  // read end of its stderr
 };
 
 struct ExecResult {

@@ -43,7 +43,7 @@ struct NodeOptions {
   // A simulated node (SimulatedBackend.h): sandboxes hold no processes; creates are validated and admitted
   // as on a real node but check no image, mount no layers and write no state files (docs/fleet.md).
   bool simulate = false;
-  FncallOptions fncall;       // the fncall backend (NodeFncall.h)
+  FncallOptions fncall;  // the fncall backend (NodeFncall.h)
   // The density controller (docs/density.md): density.overcommit = false is static limits (ratio 1.0).
   placement::DensityConfig density;
   int64_t memory_capacity_bytes = 0;  // 0: physical memory; else what admission and the controller count

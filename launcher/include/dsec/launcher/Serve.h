@@ -29,8 +29,8 @@ struct ServeOptions {
   // The density controller (docs/density.md); density.overcommit = false: static limits, no overcommit.
   placement::DensityConfig density;
   int64_t memory_capacity_bytes = 0;  // 0: the node's physical memory
-  bool cpu_qos = true;                 // CPU QoS (docs/qos.md); false: every sandbox plain
-  bool cpu_exclusive_pool = true;      // batch sandboxes leave the cores dedicated to latency ones
+  bool cpu_qos = true;                // CPU QoS (docs/qos.md); false: every sandbox plain
+  bool cpu_exclusive_pool = true;     // batch sandboxes leave the cores dedicated to latency ones
 };
 
 // A running node: agent + API server on background threads. stop() (or the destructor) stops serving; the
