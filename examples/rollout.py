@@ -4,7 +4,7 @@
 A "policy" proposed candidate patches for a small repository whose unit tests fail. For every candidate we
 create a container sandbox from the layered image debian:12+python:3.11+ws-demo:1, apply the patch, run the
 repository's tests and turn the result into a reward (the fraction of tests that pass; 0 if the patch does
-not apply). All sandboxes are created concurrently; the table at the end shows each one and the summary line
+not apply) with a grader that runs as a stateless function call (`client.call`, the fncall backend). All sandboxes are created concurrently; the table at the end shows each one and the summary line
 gives the create latency (client side, call to return) and the wall time.
 
     /usr/bin/python3 examples/rollout.py [--count 32] [--concurrency 32] [--root /var/lib/dsec] [--fleet default]
@@ -21,7 +21,6 @@ import difflib
 import json
 import math
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -230,16 +229,34 @@ def default_root(fleet: Optional[str]) -> str:
 # ---------------------------------------------------------------------------------------------------------
 # One rollout step per sandbox.
 # ---------------------------------------------------------------------------------------------------------
-_TEST_LINE = re.compile(r"^(test\w+) \(.*\)\s*(?:\n.*?)?\.\.\. (ok|FAIL|ERROR|skipped|expected failure|"
-                        r"unexpected success)", re.M)
-_RAN = re.compile(r"^Ran (\d+) tests? in", re.M)
+# The grader is reward code: stateless, so it runs as a function call (a warm fncall worker, a fresh process
+# per call, in the node's default image debian:12+python:3.11) and not inside the sandbox whose tests the
+# policy's patch could have rigged. It reads the `python3 -m unittest -v` log on stdin and prints
+# "passed total"; a suite that does not import counts as 0 passed.
+GRADER = r"""
+import re, sys
+log = sys.stdin.read()
+line = re.compile(r"^(test\w+) \(.*\)\s*(?:\n.*?)?\.\.\. (ok|FAIL|ERROR|skipped|expected failure|"
+                  r"unexpected success)", re.M)
+ran = re.search(r"^Ran (\d+) tests? in", log, re.M)
+passed = sum(1 for m in line.finditer(log) if m.group(2) == "ok")
+print(passed, max(N_TESTS, int(ran.group(1)) if ran else 0))
+""".replace("N_TESTS", str(N_TESTS))
 
 
-def score(output: str) -> Tuple[int, int]:
-    """(passed, total) from `python3 -m unittest -v` output. A suite that does not import counts as 0 passed."""
-    passed = sum(1 for m in _TEST_LINE.finditer(output) if m.group(2) == "ok")
-    ran = _RAN.search(output)
-    total = max(N_TESTS, int(ran.group(1)) if ran else 0)
+async def grade(client: pydsec.aio.Client, test_log: str) -> Tuple[int, int]:
+    """(passed, total) of a test log, computed by GRADER as a function call."""
+    for attempt in range(5):
+        try:
+            r = await client.call(GRADER, stdin=test_log, timeout=30)
+            break
+        except pydsec.CapacityError as e:  # every warm worker is busy right now: back off as the node asks
+            if attempt == 4:
+                raise
+            await asyncio.sleep(e.retry_after or 1.0)
+    if r.exit_code != 0 or r.timed_out:
+        raise RuntimeError(f"grader failed: {r!r}")
+    passed, total = (int(x) for x in r.stdout.split())
     return passed, total
 
 
@@ -291,7 +308,7 @@ async def rollout_one(client: pydsec.aio.Client, out: Outcome, run_id: str, sem:
                                       env={"PYTHONDONTWRITEBYTECODE": "1"})
                 if tests.timed_out or tests.exit_code not in (0, 1):
                     raise RuntimeError(f"test run failed: {tests!r}")
-                out.passed, out.total = score(tests.stderr + tests.stdout)
+                out.passed, out.total = await grade(client, tests.stderr + tests.stdout)
                 out.reward = out.passed / out.total
         except Exception as e:  # reported in the table; the run exits non-zero
             out.error = f"{type(e).__name__}: {e}"

@@ -110,18 +110,7 @@ Result<CallRequest> parseCallRequest(const json& body, int64_t node_memory_bytes
   if (body.contains("language")) {
     DSEC_ASSIGN_OR_RETURN(req.language, languageField(body["language"]));
   }
-  if (body.contains("stdin") && body.contains("stdin_b64")) {
-    return Error::invalid("fields 'stdin' and 'stdin_b64' are exclusive");
-  }
-  if (body.contains("stdin")) {
-    DSEC_ASSIGN_OR_RETURN(req.stdin_data, stringField(body["stdin"], "stdin"));
-  }
-  if (body.contains("stdin_b64")) {
-    DSEC_ASSIGN_OR_RETURN(std::string b64, stringField(body["stdin_b64"], "stdin_b64"));
-    auto decoded = base64Decode(b64);
-    if (!decoded.ok()) return fieldError("stdin_b64", decoded.error().message());
-    req.stdin_data = std::move(*decoded);
-  }
+  DSEC_ASSIGN_OR_RETURN(req.stdin_data, parseStdinFields(body));
   req.timeout_seconds = kDefaultCallTimeout;
   if (body.contains("timeout")) {
     const json& t = body["timeout"];

@@ -250,6 +250,18 @@ Result<CreateParams> parseCreateRequest(const json& body, int64_t node_memory_by
   return p;
 }
 
+Result<std::string> parseStdinFields(const nlohmann::json& body) {
+  if (body.contains("stdin") && body.contains("stdin_b64")) {
+    return Error::invalid("fields 'stdin' and 'stdin_b64' are exclusive");
+  }
+  if (body.contains("stdin")) return stringField(body["stdin"], "stdin");
+  if (!body.contains("stdin_b64")) return std::string();
+  DSEC_ASSIGN_OR_RETURN(std::string b64, stringField(body["stdin_b64"], "stdin_b64"));
+  auto decoded = base64Decode(b64);
+  if (!decoded.ok()) return fieldError("stdin_b64", decoded.error().message());
+  return std::move(*decoded);
+}
+
 Result<backends::ExecRequest> parseExecRequest(const json& body) {
   if (!body.is_object()) return Error::invalid("request body must be a JSON object");
   DSEC_TRY(checkKnownKeys(body, {"cmd", "timeout", "cwd", "env", "stdin", "stdin_b64", "output_cap"}));
@@ -283,18 +295,7 @@ Result<backends::ExecRequest> parseExecRequest(const json& body) {
   if (body.contains("env")) {
     DSEC_ASSIGN_OR_RETURN(req.env, parseEnvField(body["env"], "env"));
   }
-  if (body.contains("stdin") && body.contains("stdin_b64")) {
-    return Error::invalid("fields 'stdin' and 'stdin_b64' are exclusive");
-  }
-  if (body.contains("stdin")) {
-    DSEC_ASSIGN_OR_RETURN(req.stdin_data, stringField(body["stdin"], "stdin"));
-  }
-  if (body.contains("stdin_b64")) {
-    DSEC_ASSIGN_OR_RETURN(std::string b64, stringField(body["stdin_b64"], "stdin_b64"));
-    auto decoded = base64Decode(b64);
-    if (!decoded.ok()) return fieldError("stdin_b64", decoded.error().message());
-    req.stdin_data = std::move(*decoded);
-  }
+  DSEC_ASSIGN_OR_RETURN(req.stdin_data, parseStdinFields(body));
   req.output_cap = kDefaultOutputCap;
   if (body.contains("output_cap")) {
     DSEC_ASSIGN_OR_RETURN(int64_t cap, integerField(body["output_cap"], "output_cap"));

@@ -11,6 +11,7 @@
 
 #include "ContainerSandbox.h"
 #include "Spawn.h"
+#include "dsec/common/SigpipeBlock.h"
 #include "dsec/common/Strings.h"
 
 namespace dsec::backends {
@@ -63,29 +64,6 @@ struct Stream {
   std::string* buffer = nullptr;
   bool is_stdout = true;
   int64_t kept = 0;
-};
-
-// Keeps SIGPIPE from killing the agent while stdin is written to a command that may already be gone.
-class SigpipeBlock {
- public:
-  SigpipeBlock() {
-    sigset_t s;
-    sigemptyset(&s);
-    sigaddset(&s, SIGPIPE);
-    pthread_sigmask(SIG_BLOCK, &s, &old_);
-  }
-  ~SigpipeBlock() {
-    sigset_t s;
-    sigemptyset(&s);
-    sigaddset(&s, SIGPIPE);
-    timespec zero{0, 0};
-    while (sigtimedwait(&s, nullptr, &zero) > 0) {
-    }
-    pthread_sigmask(SIG_SETMASK, &old_, nullptr);
-  }
-
- private:
-  sigset_t old_;
 };
 
 }  // namespace

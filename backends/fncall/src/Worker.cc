@@ -13,6 +13,7 @@
 
 #include "ZygoteScript.h"
 #include "dsec/common/Logging.h"
+#include "dsec/common/SigpipeBlock.h"
 #include "dsec/common/Strings.h"
 
 namespace dsec::backends::fncall {
@@ -26,31 +27,6 @@ constexpr double kAnswerGraceSeconds = 30;
 constexpr size_t kMaxHeaderBytes = size_t{1} << 20;
 constexpr size_t kMaxStderrLog = 4096;
 constexpr size_t kReadAheadBytes = 16384;
-
-// Keeps SIGPIPE from killing the agent when the zygote is gone while we write its request.
-class SigpipeBlock {
- public:
-  SigpipeBlock() {
-    sigset_t s;
-    sigemptyset(&s);
-    sigaddset(&s, SIGPIPE);
-    pthread_sigmask(SIG_BLOCK, &s, &old_);
-  }
-  ~SigpipeBlock() {
-    sigset_t s;
-    sigemptyset(&s);
-    sigaddset(&s, SIGPIPE);
-    timespec zero{0, 0};
-    while (sigtimedwait(&s, nullptr, &zero) > 0) {
-    }
-    pthread_sigmask(SIG_SETMASK, &old_, nullptr);
-  }
-  SigpipeBlock(const SigpipeBlock&) = delete;
-  SigpipeBlock& operator=(const SigpipeBlock&) = delete;
-
- private:
-  sigset_t old_;
-};
 
 int pollMs(double deadline) {
   double left = deadline - monotonicSeconds();

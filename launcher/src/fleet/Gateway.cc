@@ -45,7 +45,9 @@ std::vector<std::string> pathSegments(std::string_view target) {
   return segs;
 }
 
-void relay(HttpExchange& ex, const fleet::HttpReply& reply) {
+}  // namespace
+
+void relayReply(HttpExchange& ex, const fleet::HttpReply& reply) {
   std::string content_type = "application/json";
   HttpExchange::Fields extra;
   for (const auto& [k, v] : reply.headers) {
@@ -57,6 +59,8 @@ void relay(HttpExchange& ex, const fleet::HttpReply& reply) {
   }
   ex.sendText(reply.status, content_type, reply.body, extra);
 }
+
+namespace {
 
 // Merges one session as seen by several nodes (docs/api.md, Sessions): sandboxes concatenated, active if any
 // node holds it active, the latest expiry, the earliest lapse.
@@ -631,7 +635,7 @@ void Gateway::createSandbox(HttpExchange& ex) {
         n.sandboxes++;
       }
     }
-    return relay(ex, *reply);
+    return relayReply(ex, *reply);
   }
   (void)any_capacity_refusal;
   std::string msg = "no node of fleet " + options_.fleet_name + " can take the sandbox now";
@@ -673,7 +677,7 @@ void Gateway::listSandboxes(HttpExchange& ex) {
       unreachable.push_back(node.name);
       continue;
     }
-    if (reply->status != 200) return relay(ex, *reply);  // a bad filter: the node's 400
+    if (reply->status != 200) return relayReply(ex, *reply);  // a bad filter: the node's 400
     auto j = reply->json();
     if (j.is_object() && j.contains("sandboxes")) {
       for (auto& s : j["sandboxes"]) sandboxes.push_back(std::move(s));
@@ -741,7 +745,7 @@ void Gateway::handleSessions(HttpExchange& ex, const std::vector<std::string>& s
     return ex.sendJson(200, out);
   }
   if (ok_parts.empty()) {
-    if (first_error) return relay(ex, *first_error);
+    if (first_error) return relayReply(ex, *first_error);
     (void)all_not_found;
     return ex.sendError(503, "unavailable", "no node of fleet " + options_.fleet_name + " answered");
   }

@@ -15,19 +15,6 @@ constexpr const char* kLog = "gateway";
 constexpr uint64_t kCallBodyLimit = 64ULL << 20;  // as the node's (CallRequests.h)
 constexpr int kCallIoTimeoutMs = 900 * 1000;      // the longest call (600 s) plus time to queue and reply
 
-void relayReply(HttpExchange& ex, const fleet::HttpReply& reply) {
-  std::string content_type = "application/json";
-  HttpExchange::Fields extra;
-  for (const auto& [k, v] : reply.headers) {
-    if (boost::beast::iequals(k, "Content-Type")) {
-      content_type = v;
-    } else {
-      extra.emplace_back(k, v);
-    }
-  }
-  ex.sendText(reply.status, content_type, reply.body, extra);
-}
-
 }  // namespace
 
 void Gateway::forwardCall(HttpExchange& ex) {

@@ -27,6 +27,9 @@
 
 namespace dsec::launcher {
 
+// Sends a node's reply on to the client as it is (status, body, Content-Type and the other headers).
+void relayReply(HttpExchange& ex, const fleet::HttpReply& reply);
+
 struct GatewayOptions {
   std::string fleet_name = "default";
   std::string token;

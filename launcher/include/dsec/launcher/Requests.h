@@ -49,6 +49,9 @@ Result<nlohmann::json> parseJsonObject(std::string_view body);
 // known but unavailable ones (fncall, microvm, vm) kUnsupported.
 Result<CreateParams> parseCreateRequest(const nlohmann::json& body, int64_t node_memory_bytes);
 
+// The bytes of a body's "stdin" (text) or "stdin_b64" (base64), at most one of them; "" when neither.
+Result<std::string> parseStdinFields(const nlohmann::json& body);
+
 // The exec body: cmd (string -> /bin/sh -c, or argv array), timeout, cwd, env, stdin | stdin_b64, output_cap.
 Result<backends::ExecRequest> parseExecRequest(const nlohmann::json& body);
 
