@@ -21,24 +21,9 @@ const std::set<std::string>& knownKeys() {
   return kKeys;
 }
 
-std::string typeName(const json& v) {
-  if (v.is_number_float()) return "a fractional number";
-  if (v.is_number()) return "a number";
-  return std::string("a ") + v.type_name();
-}
-
-Error fieldError(const std::string& field, const std::string& what) {
-  return Error::invalid("field '" + field + "': " + what);
-}
-
-Result<std::string> stringField(const json& v, const std::string& field) {
-  if (!v.is_string()) return fieldError(field, "expected a string, got " + typeName(v));
-  return v.get<std::string>();
-}
-
 // Kept here rather than calling the fncall library so the API's message names the field and the choices.
 Result<Language> languageField(const json& v) {
-  DSEC_ASSIGN_OR_RETURN(std::string name, stringField(v, "language"));
+  DSEC_ASSIGN_OR_RETURN(std::string name, parseStringField(v, "language"));
   if (name == "python") return Language::kPython;
   if (name == "bash") return Language::kBash;
   return fieldError("language", "expected \"python\" or \"bash\", got \"" + name.substr(0, 64) + "\"");
@@ -46,7 +31,7 @@ Result<Language> languageField(const json& v) {
 
 Result<std::map<std::string, std::string>> filesField(const json& v) {
   if (!v.is_object()) {
-    return fieldError("files", "expected an object of relative path -> base64 bytes, got " + typeName(v));
+    return fieldError("files", "expected an object of relative path -> base64 bytes, got " + jsonTypeName(v));
   }
   if (v.size() > kMaxCallFiles) return fieldError("files", "more than " + std::to_string(kMaxCallFiles) + " files");
   std::map<std::string, std::string> files;
@@ -54,7 +39,7 @@ Result<std::map<std::string, std::string>> filesField(const json& v) {
   for (const auto& [path, value] : v.items()) {
     const std::string field = "files[\"" + path.substr(0, 128) + "\"]";
     if (auto st = validateCallFilePath(path); !st.ok()) return fieldError(field, st.error().message());
-    DSEC_ASSIGN_OR_RETURN(std::string b64, stringField(value, field));
+    DSEC_ASSIGN_OR_RETURN(std::string b64, parseStringField(value, field));
     auto bytes = base64Decode(b64);
     if (!bytes.ok()) return fieldError(field, "not base64: " + bytes.error().message());
     for (size_t slash = path.find('/'); slash != std::string::npos; slash = path.find('/', slash + 1)) {
@@ -103,7 +88,7 @@ Result<CallRequest> parseCallRequest(const json& body, int64_t node_memory_bytes
   }
   CallRequest req;
   if (!body.contains("code")) return fieldError("code", "required");
-  DSEC_ASSIGN_OR_RETURN(req.code, stringField(body["code"], "code"));
+  DSEC_ASSIGN_OR_RETURN(req.code, parseStringField(body["code"], "code"));
   if (req.code.empty()) return fieldError("code", "empty");
   if (req.code.size() > kMaxCallCodeBytes) return fieldError("code", "longer than 16 MiB");
   if (req.code.find('\0') != std::string::npos) return fieldError("code", "contains a NUL byte");
@@ -114,7 +99,7 @@ Result<CallRequest> parseCallRequest(const json& body, int64_t node_memory_bytes
   req.timeout_seconds = kDefaultCallTimeout;
   if (body.contains("timeout")) {
     const json& t = body["timeout"];
-    if (!t.is_number()) return fieldError("timeout", "expected seconds (a number), got " + typeName(t));
+    if (!t.is_number()) return fieldError("timeout", "expected seconds (a number), got " + jsonTypeName(t));
     double d = t.get<double>();
     if (!std::isfinite(d) || d <= 0) return fieldError("timeout", "must be > 0 seconds");
     if (d > kMaxCallTimeout) return fieldError("timeout", "at most 600 seconds for a call");
@@ -131,7 +116,7 @@ Result<CallRequest> parseCallRequest(const json& body, int64_t node_memory_bytes
   req.output_cap = kDefaultCallOutputCap;
   if (body.contains("output_cap")) {
     const json& c = body["output_cap"];
-    if (!c.is_number_integer()) return fieldError("output_cap", "expected bytes (an integer), got " + typeName(c));
+    if (!c.is_number_integer()) return fieldError("output_cap", "expected bytes (an integer), got " + jsonTypeName(c));
     if (c.is_number_unsigned() ? c.get<uint64_t>() > static_cast<uint64_t>(kMaxCallOutputCap)
                                : c.get<int64_t>() > kMaxCallOutputCap) {
       return fieldError("output_cap", "more than 16 MiB");
@@ -144,7 +129,7 @@ Result<CallRequest> parseCallRequest(const json& body, int64_t node_memory_bytes
     DSEC_ASSIGN_OR_RETURN(req.files, filesField(body["files"]));
   }
   if (body.contains("image") && !body["image"].is_null()) {
-    DSEC_ASSIGN_OR_RETURN(std::string image, stringField(body["image"], "image"));
+    DSEC_ASSIGN_OR_RETURN(std::string image, parseStringField(body["image"], "image"));
     auto layers = fs3::parseImageRef(image);
     if (!layers.ok()) return fieldError("image", layers.error().message());
     req.image = fs3::imageToString(*layers);

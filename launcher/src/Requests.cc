@@ -19,21 +19,6 @@ constexpr size_t kMaxLabelKey = 128;
 constexpr size_t kMaxLabelValue = 1024;
 constexpr size_t kMaxPath = 4096;
 
-std::string typeName(const json& v) {
-  if (v.is_number_float()) return "a fractional number";
-  if (v.is_number()) return "a number";
-  return std::string("a ") + v.type_name();
-}
-
-Error fieldError(const std::string& field, const std::string& what) {
-  return Error::invalid("field '" + field + "': " + what);
-}
-
-Result<std::string> stringField(const json& v, const std::string& field) {
-  if (!v.is_string()) return fieldError(field, "expected a string, got " + typeName(v));
-  return v.get<std::string>();
-}
-
 bool hasNul(std::string_view s) { return s.find('\0') != std::string_view::npos; }
 
 // Integers that fit int64_t; nlohmann stores large values as unsigned or float.
@@ -49,11 +34,11 @@ Result<int64_t> integerField(const json& v, const std::string& field) {
     if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9.0e15) return static_cast<int64_t>(d);
     return fieldError(field, "expected an integer, got " + v.dump());
   }
-  return fieldError(field, "expected an integer, got " + typeName(v));
+  return fieldError(field, "expected an integer, got " + jsonTypeName(v));
 }
 
 Result<double> numberField(const json& v, const std::string& field) {
-  if (!v.is_number()) return fieldError(field, "expected a number, got " + typeName(v));
+  if (!v.is_number()) return fieldError(field, "expected a number, got " + jsonTypeName(v));
   double d = v.get<double>();
   if (!std::isfinite(d)) return fieldError(field, "not a finite number");
   return d;
@@ -68,6 +53,21 @@ Status checkKnownKeys(const json& body, const std::set<std::string>& known) {
 }
 
 }  // namespace
+
+std::string jsonTypeName(const json& v) {
+  if (v.is_number_float()) return "a fractional number";
+  if (v.is_number()) return "a number";
+  return std::string("a ") + v.type_name();
+}
+
+Error fieldError(const std::string& field, const std::string& what) {
+  return Error::invalid("field '" + field + "': " + what);
+}
+
+Result<std::string> parseStringField(const json& v, const std::string& field) {
+  if (!v.is_string()) return fieldError(field, "expected a string, got " + jsonTypeName(v));
+  return v.get<std::string>();
+}
 
 Result<json> parseJsonObject(std::string_view body) {
   // Depth check before parsing: a body of a million '[' must not reach the parser or the destructor.
@@ -103,7 +103,7 @@ Result<json> parseJsonObject(std::string_view body) {
     }
     return Error::invalid("malformed JSON");
   }
-  if (!parsed.is_object()) return Error::invalid("request body must be a JSON object, got " + typeName(parsed));
+  if (!parsed.is_object()) return Error::invalid("request body must be a JSON object, got " + jsonTypeName(parsed));
   return parsed;
 }
 
@@ -114,7 +114,7 @@ Result<int64_t> parseSizeField(const json& v, const std::string& field) {
     return *r;
   }
   if (!v.is_number())
-    return fieldError(field, "expected bytes (an integer) or a size like \"512M\", got " + typeName(v));
+    return fieldError(field, "expected bytes (an integer) or a size like \"512M\", got " + jsonTypeName(v));
   DSEC_ASSIGN_OR_RETURN(int64_t n, integerField(v, field));
   if (n < 0) return fieldError(field, "must not be negative, got " + std::to_string(n));
   return n;
@@ -128,14 +128,14 @@ Result<double> parseDurationField(const json& v, const std::string& field) {
 }
 
 Result<std::map<std::string, std::string>> parseEnvField(const json& v, const std::string& field) {
-  if (!v.is_object()) return fieldError(field, "expected an object of strings, got " + typeName(v));
+  if (!v.is_object()) return fieldError(field, "expected an object of strings, got " + jsonTypeName(v));
   if (v.size() > kMaxEnvEntries) return fieldError(field, "more than " + std::to_string(kMaxEnvEntries) + " entries");
   std::map<std::string, std::string> out;
   for (const auto& [key, value] : v.items()) {
     if (key.empty() || key.find('=') != std::string::npos || hasNul(key)) {
       return fieldError(field, "invalid variable name '" + key + "' (empty, or contains '=' or NUL)");
     }
-    if (!value.is_string()) return fieldError(field + "." + key, "expected a string, got " + typeName(value));
+    if (!value.is_string()) return fieldError(field + "." + key, "expected a string, got " + jsonTypeName(value));
     std::string s = value.get<std::string>();
     if (hasNul(s)) return fieldError(field + "." + key, "contains a NUL byte");
     out[key] = std::move(s);
@@ -144,14 +144,14 @@ Result<std::map<std::string, std::string>> parseEnvField(const json& v, const st
 }
 
 Result<std::map<std::string, std::string>> parseLabelsField(const json& v) {
-  if (!v.is_object()) return fieldError("labels", "expected an object of strings, got " + typeName(v));
+  if (!v.is_object()) return fieldError("labels", "expected an object of strings, got " + jsonTypeName(v));
   if (v.size() > kMaxLabels) return fieldError("labels", "more than " + std::to_string(kMaxLabels) + " labels");
   std::map<std::string, std::string> out;
   for (const auto& [key, value] : v.items()) {
     if (key.empty() || key.size() > kMaxLabelKey || key.find_first_of("=&") != std::string::npos || hasNul(key)) {
       return fieldError("labels", "invalid label name '" + key + "' (empty, too long, or contains '=', '&' or NUL)");
     }
-    if (!value.is_string()) return fieldError("labels." + key, "expected a string, got " + typeName(value));
+    if (!value.is_string()) return fieldError("labels." + key, "expected a string, got " + jsonTypeName(value));
     std::string s = value.get<std::string>();
     if (s.size() > kMaxLabelValue || hasNul(s)) return fieldError("labels." + key, "too long or contains NUL");
     out[key] = std::move(s);
@@ -165,14 +165,14 @@ Result<CreateParams> parseCreateRequest(const json& body, int64_t node_memory_by
                                  "labels", "network", "session", "qos"}));
   CreateParams p;
   if (!body.contains("image")) return fieldError("image", "required");
-  DSEC_ASSIGN_OR_RETURN(std::string image, stringField(body["image"], "image"));
+  DSEC_ASSIGN_OR_RETURN(std::string image, parseStringField(body["image"], "image"));
   auto layers = fs3::parseImageRef(image);
   if (!layers.ok()) return fieldError("image", layers.error().message());
   p.layers = std::move(*layers);
   p.image = fs3::imageToString(p.layers);
 
   if (body.contains("backend")) {
-    DSEC_ASSIGN_OR_RETURN(p.backend, stringField(body["backend"], "backend"));
+    DSEC_ASSIGN_OR_RETURN(p.backend, parseStringField(body["backend"], "backend"));
     if (p.backend == "fncall" || p.backend == "microvm" || p.backend == "vm") {
       return Error(ErrorCode::kUnsupported, "backend " + p.backend + " is not available on this node yet");
     }
@@ -220,7 +220,7 @@ Result<CreateParams> parseCreateRequest(const json& body, int64_t node_memory_by
     DSEC_ASSIGN_OR_RETURN(p.labels, parseLabelsField(body["labels"]));
   }
   if (body.contains("network")) {
-    DSEC_ASSIGN_OR_RETURN(std::string net, stringField(body["network"], "network"));
+    DSEC_ASSIGN_OR_RETURN(std::string net, parseStringField(body["network"], "network"));
     if (net == "none") {
       p.network = backends::NetworkMode::kNone;
     } else if (net == "host") {
@@ -230,7 +230,7 @@ Result<CreateParams> parseCreateRequest(const json& body, int64_t node_memory_by
     }
   }
   if (body.contains("qos")) {
-    DSEC_ASSIGN_OR_RETURN(std::string qos, stringField(body["qos"], "qos"));
+    DSEC_ASSIGN_OR_RETURN(std::string qos, parseStringField(body["qos"], "qos"));
     if (qos == "batch") {
       p.qos = backends::CpuQos::kBatch;
     } else if (qos == "latency") {
@@ -244,7 +244,7 @@ Result<CreateParams> parseCreateRequest(const json& body, int64_t node_memory_by
     return fieldError("qos", "\"latency\" needs cpus > 0 (the cores to dedicate)");
   }
   if (body.contains("session") && !body["session"].is_null()) {
-    DSEC_ASSIGN_OR_RETURN(p.session, stringField(body["session"], "session"));
+    DSEC_ASSIGN_OR_RETURN(p.session, parseStringField(body["session"], "session"));
     if (auto st = validateSessionName(p.session); !st.ok()) return fieldError("session", st.error().message());
   }
   return p;
@@ -254,9 +254,9 @@ Result<std::string> parseStdinFields(const nlohmann::json& body) {
   if (body.contains("stdin") && body.contains("stdin_b64")) {
     return Error::invalid("fields 'stdin' and 'stdin_b64' are exclusive");
   }
-  if (body.contains("stdin")) return stringField(body["stdin"], "stdin");
+  if (body.contains("stdin")) return parseStringField(body["stdin"], "stdin");
   if (!body.contains("stdin_b64")) return std::string();
-  DSEC_ASSIGN_OR_RETURN(std::string b64, stringField(body["stdin_b64"], "stdin_b64"));
+  DSEC_ASSIGN_OR_RETURN(std::string b64, parseStringField(body["stdin_b64"], "stdin_b64"));
   auto decoded = base64Decode(b64);
   if (!decoded.ok()) return fieldError("stdin_b64", decoded.error().message());
   return std::move(*decoded);
@@ -277,19 +277,19 @@ Result<backends::ExecRequest> parseExecRequest(const json& body) {
     if (cmd.empty()) return fieldError("cmd", "empty argv");
     for (size_t i = 0; i < cmd.size(); ++i) {
       const std::string name = "cmd[" + std::to_string(i) + "]";
-      DSEC_ASSIGN_OR_RETURN(std::string arg, stringField(cmd[i], name));
+      DSEC_ASSIGN_OR_RETURN(std::string arg, parseStringField(cmd[i], name));
       if (hasNul(arg)) return fieldError(name, "contains a NUL byte");
       req.argv.push_back(std::move(arg));
     }
     if (req.argv[0].empty()) return fieldError("cmd[0]", "empty program name");
   } else {
-    return fieldError("cmd", "expected a string or an array of strings, got " + typeName(cmd));
+    return fieldError("cmd", "expected a string or an array of strings, got " + jsonTypeName(cmd));
   }
   if (body.contains("timeout")) {
     DSEC_ASSIGN_OR_RETURN(req.timeout_seconds, parseDurationField(body["timeout"], "timeout"));
   }
   if (body.contains("cwd")) {
-    DSEC_ASSIGN_OR_RETURN(req.cwd, stringField(body["cwd"], "cwd"));
+    DSEC_ASSIGN_OR_RETURN(req.cwd, parseStringField(body["cwd"], "cwd"));
     DSEC_TRY(validateSandboxPath(req.cwd, "cwd"));
   }
   if (body.contains("env")) {

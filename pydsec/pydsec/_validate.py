@@ -17,6 +17,16 @@ _MODE_RE = re.compile(r"^0?[0-7]{3,4}$")
 _SESSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
+def _put_stdin(body: Dict[str, Any], stdin: Any) -> None:
+    """Text goes as "stdin", bytes as "stdin_b64" (the server takes either, not both)."""
+    if isinstance(stdin, str):
+        body["stdin"] = stdin
+    elif isinstance(stdin, (bytes, bytearray, memoryview)):
+        body["stdin_b64"] = base64.b64encode(bytes(stdin)).decode("ascii")
+    else:
+        _fail(f"stdin must be str or bytes, got {type(stdin).__name__}")
+
+
 def _fail(message: str) -> None:
     raise InvalidRequestError(message)
 
@@ -177,12 +187,7 @@ def exec_body(cmd: Any, timeout: Any, cwd: Any, env: Any, stdin: Any, output_cap
     if env is not None:
         body["env"] = env_map("env", env)
     if stdin is not None:
-        if isinstance(stdin, str):
-            body["stdin"] = stdin
-        elif isinstance(stdin, (bytes, bytearray, memoryview)):
-            body["stdin_b64"] = base64.b64encode(bytes(stdin)).decode("ascii")
-        else:
-            _fail(f"stdin must be str or bytes, got {type(stdin).__name__}")
+        _put_stdin(body, stdin)
     if output_cap is not None:
         body["output_cap"] = integer("output_cap", output_cap)
     return body
@@ -236,12 +241,7 @@ def call_body(code: Any, language: Any, stdin: Any, timeout: Any, memory: Any, f
         _fail(f"language must be 'python' or 'bash', got {language!r}")
     body: Dict[str, Any] = {"code": code, "language": language}
     if stdin is not None:
-        if isinstance(stdin, str):
-            body["stdin"] = stdin
-        elif isinstance(stdin, (bytes, bytearray, memoryview)):
-            body["stdin_b64"] = base64.b64encode(bytes(stdin)).decode("ascii")
-        else:
-            _fail(f"stdin must be str or bytes, got {type(stdin).__name__}")
+        _put_stdin(body, stdin)
     if timeout is not None:
         number("timeout", timeout, allow_zero=False)
         if timeout > _MAX_CALL_TIMEOUT:

@@ -55,6 +55,12 @@ Result<std::string> parseStdinFields(const nlohmann::json& body);
 // The exec body: cmd (string -> /bin/sh -c, or argv array), timeout, cwd, env, stdin | stdin_b64, output_cap.
 Result<backends::ExecRequest> parseExecRequest(const nlohmann::json& body);
 
+// "a string", "a number", "a fractional number", ... for messages naming what a field held instead.
+std::string jsonTypeName(const nlohmann::json& v);
+// kInvalidArgument "field 'NAME': what is wrong".
+Error fieldError(const std::string& field, const std::string& what);
+Result<std::string> parseStringField(const nlohmann::json& v, const std::string& field);
+
 // Field helpers (exposed for tests): sizes are non-negative integers or strings like "512M".
 Result<int64_t> parseSizeField(const nlohmann::json& value, const std::string& field);
 Result<double> parseDurationField(const nlohmann::json& value, const std::string& field);
