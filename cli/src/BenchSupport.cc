@@ -17,7 +17,8 @@
 namespace dsec::cli {
 
 void addBenchTargetOptions(po::options_description& desc) {
-  desc.add_options()("image", po::value<std::string>(), "image to create (default: bench-busybox:1, built if missing)")(
+  desc.add_options()("image", po::value<std::string>(),
+                     "image to use (default: bench-busybox:1, built if missing; fncall: debian:12+python:3.11)")(
       "endpoint", po::value<std::string>(), "benchmark this running fleet instead of an embedded node")(
       "token", po::value<std::string>(), "with --endpoint: the bearer token (default $DSEC_TOKEN)");
 }

@@ -22,6 +22,8 @@ int cmdServe(const Invocation& inv) {
       "overcommit", po::value<std::string>()->default_value("on"),
       "on: overcommit under the density controller; off: static limits (ratio 1.0, no actions)")(
       "memory-capacity", po::value<std::string>(), "memory admission counts against (default: physical memory)")(
+      "cpu-qos", po::value<std::string>()->default_value("on"),
+      "on: latency sandboxes get dedicated cores, batch ones SCHED_IDLE on the rest; off: every sandbox plain")(
       "fncall-image", po::value<std::string>(&options.fncall.image)->default_value(options.fncall.image),
       "default image of POST /v1/call (examples/rollout.py builds debian:12+python:3.11)")(
       "fncall-workers", po::value<int>(&options.fncall.max_workers)->default_value(options.fncall.max_workers),
@@ -41,6 +43,9 @@ int cmdServe(const Invocation& inv) {
   std::string overcommit = vm["overcommit"].as<std::string>();
   if (overcommit != "on" && overcommit != "off") throw UsageError("--overcommit wants on or off");
   options.density.overcommit = overcommit == "on";
+  std::string cpu_qos = vm["cpu-qos"].as<std::string>();
+  if (cpu_qos != "on" && cpu_qos != "off") throw UsageError("--cpu-qos wants on or off");
+  options.cpu_qos = cpu_qos == "on";
   if (vm.count("memory-capacity")) {
     options.memory_capacity_bytes = parseSizeOption("memory-capacity", vm["memory-capacity"].as<std::string>());
   }

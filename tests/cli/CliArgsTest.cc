@@ -47,6 +47,16 @@ TEST(CliArgs, BadNetworkIsUsageError) {
   EXPECT_NE(r.err.find("--network"), std::string::npos) << r.err;
 }
 
+TEST(CliArgs, BadServeSwitchesAreUsageErrors) {
+  TempDir root;
+  auto r = runDsec({"serve", "--root", root.path(), "--cpu-qos", "maybe"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("--cpu-qos wants on or off"), std::string::npos) << r.err;
+  r = runDsec({"serve", "--root", root.path(), "--overcommit", "sometimes"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("--overcommit wants on or off"), std::string::npos) << r.err;
+}
+
 TEST(CliArgs, BadKeyValueIsUsageError) {
   TempDir home;
   auto r = runDsec({"run", "busybox:1", "--env", "NOEQUALS"}, noFleet(home));
