@@ -22,12 +22,6 @@ struct Phase {
   double wall = 0;
 };
 
-double loadAverage() {
-  auto text = readFile("/proc/loadavg");
-  if (!text.ok()) return -1;
-  return std::atof(text->c_str());
-}
-
 double round3(double v) { return std::round(v * 1000) / 1000; }
 
 }  // namespace
@@ -112,7 +106,7 @@ int benchFncall(const Invocation& inv) {
 
   Phase warm, measured, baseline;
   run_calls(warmup, &warm);
-  double load_before = loadAverage();
+  double load_before = loadAverage1m();
   run_calls(count, &measured);
   double per_second = static_cast<double>(measured.latencies_ms.size()) / measured.wall;
 
@@ -149,7 +143,7 @@ int benchFncall(const Invocation& inv) {
   }
   double baseline_per_second =
       baseline.wall > 0 ? static_cast<double>(baseline.latencies_ms.size()) / baseline.wall : 0.0;
-  double load_after = loadAverage();
+  double load_after = loadAverage1m();
   std::string fncall_stats;
   {
     ApiClient client(target->address);

@@ -194,13 +194,6 @@ std::string idOf(const std::string& body) {
   return end == std::string::npos ? "" : body.substr(at, end - at);
 }
 
-double loadAverage1m() {
-  std::ifstream in("/proc/loadavg");
-  double one = 0;
-  in >> one;
-  return one;
-}
-
 double processCpuSeconds() {
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);

@@ -98,13 +98,6 @@ Result<std::string> ensureQosImage(const std::string& root) {
   return ref.toString();
 }
 
-std::string loadAverage() {
-  auto text = readFile("/proc/loadavg");
-  if (!text.ok()) return "?";
-  auto parts = split(trim(*text), ' ');
-  return parts.size() >= 3 ? parts[0] + " " + parts[1] + " " + parts[2] : "?";
-}
-
 class QosRound {
  public:
   QosRound(const std::string& root, const std::string& image, const QosBenchOptions& options)
@@ -203,7 +196,7 @@ int benchQos(const Invocation& inv) {
   raiseFileLimit();
   auto image = ensureQosImage(common.root);
   if (!image.ok()) return reportError(inv, image.error());
-  std::string load_before = loadAverage();
+  std::string load_before = loadAverages();
   std::printf("bench qos: %d rounds, %d requests every %d us (work %ld), %d stress sandboxes; image %s; load %s\n",
               o.rounds, o.requests, o.period_us, o.work, o.stress_sandboxes, image->c_str(), load_before.c_str());
   std::fflush(stdout);
@@ -224,7 +217,7 @@ int benchQos(const Invocation& inv) {
       std::printf("  round %d %-12s p50 %8.1f us  mean %8.1f us  p99 %8.1f us  (qos %s, cpuset %s)  load %s\n", r + 1,
                   name, figures->value("p50_us", 0.0), figures->value("mean_us", 0.0), figures->value("p99_us", 0.0),
                   figures->value("qos", json("-")).dump().c_str(), figures->value("cpuset", json("-")).dump().c_str(),
-                  loadAverage().c_str());
+                  loadAverages().c_str());
       std::fflush(stdout);
     }
     row["unprotected_slowdown_pct"] = slowdownPct(row["unprotected"], row["idle"]);
@@ -253,7 +246,7 @@ int benchQos(const Invocation& inv) {
       {"spread",
        {{"unprotected", spread(unprotected)}, {"protected", spread(protected_)}, {"shared_pool", spread(shared_pool)}}},
       {"load_average_before", load_before},
-      {"load_average_after", loadAverage()},
+      {"load_average_after", loadAverages()},
       {"rounds", rounds}};
   std::fflush(stdout);
   std::cout << summary.dump() << std::endl;

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "LayerBuild.h"
+#include "dsec/common/Pressure.h"
 #include "dsec/common/Strings.h"
 #include "dsec/fs3/LayerStore.h"
 
@@ -73,21 +74,18 @@ Result<BenchTarget> openBenchTarget(const BenchTargetOptions& options) {
 }
 
 Result<double> hostMemoryUsedMb() {
-  std::ifstream meminfo("/proc/meminfo");
-  if (!meminfo) return Error::sys(errno, "open /proc/meminfo");
-  std::string key;
-  int64_t value = 0;
-  std::string unit;
-  int64_t total = -1;
-  int64_t available = -1;
-  while (meminfo >> key >> value) {
-    std::getline(meminfo, unit);
-    if (key == "MemTotal:") total = value;
-    if (key == "MemAvailable:") available = value;
-  }
-  if (total < 0 || available < 0) return Error::internal("/proc/meminfo lacks MemTotal or MemAvailable");
-  return static_cast<double>(total - available) / 1024.0;
+  DSEC_ASSIGN_OR_RETURN(MemInfo info, readMemInfo());
+  return static_cast<double>(info.used_bytes()) / (1024.0 * 1024.0);
 }
+
+std::string loadAverages() {
+  auto text = readFile("/proc/loadavg");
+  if (!text.ok()) return "?";
+  auto parts = split(trim(*text), ' ');
+  return parts.size() >= 3 ? parts[0] + " " + parts[1] + " " + parts[2] : "?";
+}
+
+double loadAverage1m() { return std::atof(loadAverages().c_str()); }
 
 double percentile(std::vector<double> samples, double p) {
   if (samples.empty()) return 0;

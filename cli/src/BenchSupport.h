@@ -41,6 +41,9 @@ Result<BenchTarget> openBenchTarget(const BenchTargetOptions& options);
 
 // Host memory in use: MemTotal - MemAvailable from /proc/meminfo, in MiB.
 Result<double> hostMemoryUsedMb();
+// "0.52 0.61 0.70" from /proc/loadavg ("?" if unreadable), and its first figure (0 if unreadable).
+std::string loadAverages();
+double loadAverage1m();
 // p in [0, 100], nearest-rank on a sorted copy; 0 for no samples.
 double percentile(std::vector<double> samples, double p);
 // Raises RLIMIT_NOFILE to its hard limit (an in-process node holds several fds per sandbox).

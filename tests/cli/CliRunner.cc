@@ -15,6 +15,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "ApiClient.h"
 #include "dsec/common/Process.h"
 #include "dsec/common/Strings.h"
 
@@ -156,6 +157,26 @@ int pickFreePort() {
   getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
   close(fd);
   return ntohs(addr.sin_port);
+}
+
+ServedNode startServe(const std::string& root, const std::string& home, const std::vector<std::string>& args) {
+  ServedNode node;
+  node.endpoint = "http://127.0.0.1:" + std::to_string(pickFreePort());
+  std::vector<std::string> argv = {"serve", "--listen", node.endpoint.substr(7), "--root", root};
+  argv.insert(argv.end(), args.begin(), args.end());
+  const std::string log_path = home + "/serve.log";
+  node.process = std::make_unique<BackgroundDsec>(argv, std::map<std::string, std::string>{{"HOME", home}}, log_path);
+  cli::ApiClient probe(cli::FleetAddress{node.endpoint, ""});
+  for (int i = 0; i < 300 && node.process->running(); ++i) {
+    if (probe.call(cli::HttpMethod::kGet, "/healthz").ok() && ::access((root + "/token").c_str(), F_OK) == 0) {
+      node.token = trim(readFile(root + "/token").value());
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  if (node.token.empty()) node.log = readFile(log_path).ok() ? readFile(log_path).value() : "(no log)";
+  node.env = {{"HOME", home}, {"DSEC_ENDPOINT", node.endpoint}, {"DSEC_TOKEN", node.token}};
+  return node;
 }
 
 }  // namespace dsec::testing

@@ -4,6 +4,7 @@
 #include <sys/types.h>
 
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -39,5 +40,16 @@ class BackgroundDsec {
 
 // A TCP port on 127.0.0.1 that was free a moment ago.
 int pickFreePort();
+
+// `dsec serve --listen 127.0.0.1:<free port> --root ROOT ARGS...` with HOME=home (log at home/serve.log),
+// up once /healthz answers and the token file exists. `token` stays empty if it never came up (`log` says why).
+struct ServedNode {
+  std::unique_ptr<BackgroundDsec> process;
+  std::string endpoint;  // http://127.0.0.1:PORT
+  std::string token;
+  std::string log;                         // the log's contents when it did not come up
+  std::map<std::string, std::string> env;  // HOME, DSEC_ENDPOINT, DSEC_TOKEN for `dsec` clients
+};
+ServedNode startServe(const std::string& root, const std::string& home, const std::vector<std::string>& args);
 
 }  // namespace dsec::testing

@@ -28,23 +28,12 @@ class CliServe : public ::testing::Test {
     auto built = runDsec({"layer", "build", "bb:1", "--from-dir", tree.path() + "/rootfs", "--root", root_.path()});
     ASSERT_EQ(built.exit_code, 0) << built.err;
 
-    endpoint_ = "http://127.0.0.1:" + std::to_string(pickFreePort());
-    serve_ = std::make_unique<BackgroundDsec>(
-        std::vector<std::string>{"serve", "--listen", endpoint_.substr(7), "--root", root_.path(), "--fleet-name",
-                                 "clitest", "--log-level", "info"},
-        std::map<std::string, std::string>{{"HOME", home_.path()}}, home_.path() + "/serve.log");
-    // Up when /healthz answers (no auth needed) and the token file exists.
-    cli::ApiClient probe(cli::FleetAddress{endpoint_, ""});
-    for (int i = 0; i < 300; ++i) {
-      if (!serve_->running()) break;
-      if (probe.call(cli::HttpMethod::kGet, "/healthz").ok() && std::filesystem::exists(root_.path() + "/token")) {
-        token_ = trim(readFile(root_.path() + "/token").value());
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    ASSERT_FALSE(token_.empty()) << "dsec serve did not come up: " << readFile(home_.path() + "/serve.log").value();
-    env_ = {{"HOME", home_.path()}, {"DSEC_ENDPOINT", endpoint_}, {"DSEC_TOKEN", token_}};
+    auto node = startServe(root_.path(), home_.path(), {"--fleet-name", "clitest", "--log-level", "info"});
+    serve_ = std::move(node.process);
+    ASSERT_FALSE(node.token.empty()) << "dsec serve did not come up: " << node.log;
+    endpoint_ = node.endpoint;
+    token_ = node.token;
+    env_ = node.env;
   }
   void TearDown() override {
     if (serve_ == nullptr) return;
