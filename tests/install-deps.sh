@@ -7,6 +7,7 @@ PACKAGES=(
   # build
   g++ cmake ninja-build pkg-config git
   libboost-dev libboost-program-options-dev nlohmann-json3-dev libseccomp-dev libcap-dev libssl-dev
+  libnftables-dev nftables
   libgtest-dev libgmock-dev
   # layers, sandboxes, placement
   erofs-utils debootstrap busybox-static iproute2 util-linux patch libhwloc-dev hwloc

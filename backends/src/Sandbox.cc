@@ -24,4 +24,23 @@ const char* cpuQosName(CpuQos qos) {
   return "unknown";
 }
 
+const char* networkModeName(NetworkMode mode) {
+  switch (mode) {
+    case NetworkMode::kNone:
+      return "none";
+    case NetworkMode::kEgress:
+      return "egress";
+    case NetworkMode::kHost:
+      return "host";
+  }
+  return "unknown";
+}
+
+Result<NetworkMode> parseNetworkMode(const std::string& name) {
+  if (name == "none") return NetworkMode::kNone;
+  if (name == "egress") return NetworkMode::kEgress;
+  if (name == "host") return NetworkMode::kHost;
+  return Error::invalid("network must be \"none\" or \"egress\", not \"" + name + "\"");
+}
+
 }  // namespace dsec::backends

@@ -65,8 +65,9 @@ int run(int argc, char** argv) {
                                                   "rootfs directory used as the (only) lower layer")(
       "iterations", po::value<int>(&iterations)->default_value(200), "timed iterations")(
       "warmup", po::value<int>(&warmup)->default_value(5), "untimed iterations first")(
-      "network", po::value<std::string>(&network)->default_value("none"), "none (new netns) or host")(
-      "init", po::value<std::string>(&init), "path of dsec-sandbox-init (default: next to this binary)")(
+      "network", po::value<std::string>(&network)->default_value("none"),
+      "none (loopback only) or egress (veth and NAT)")("init", po::value<std::string>(&init),
+                                                       "path of dsec-sandbox-init (default: next to this binary)")(
       "quiet", po::bool_switch(&quiet), "only the JSON summary");
   try {
     po::variables_map vm;
@@ -80,8 +81,8 @@ int run(int argc, char** argv) {
     std::cerr << "dsec-bench-create-loop: " << e.what() << "\n";
     return 2;
   }
-  if (network != "none" && network != "host") {
-    std::cerr << "dsec-bench-create-loop: --network must be none or host\n";
+  if (network != "none" && network != "egress") {
+    std::cerr << "dsec-bench-create-loop: --network must be none or egress\n";
     return 2;
   }
   setLogLevel(LogLevel::kWarn);
@@ -100,7 +101,7 @@ int run(int argc, char** argv) {
   spec.cpus = 1;
   spec.pids = 1024;
   spec.disk_bytes = 1LL << 30;
-  spec.network = network == "host" ? backends::NetworkMode::kHost : backends::NetworkMode::kNone;
+  spec.network = network == "egress" ? backends::NetworkMode::kEgress : backends::NetworkMode::kNone;
   spec.env = {{"PATH", "/usr/sbin:/usr/bin:/sbin:/bin"}};
 
   std::vector<double> samples, creates, execs, destroys;

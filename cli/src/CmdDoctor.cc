@@ -46,17 +46,28 @@ int cmdDoctor(const Invocation& inv) {
     container_ok = false;
   } else {
     std::string init_problem;
+    std::string spawner_problem;
+    std::string userns_problem;
     std::string other;
     for (const auto& m : (*backend)->missingFeatures()) {
       if (startsWith(m, "dsec-sandbox-init")) {
         init_problem = m;
+      } else if (startsWith(m, "dsec-sandbox-spawner")) {
+        spawner_problem = m;
+      } else if (startsWith(m, "user namespaces") || startsWith(m, "idmapped mounts")) {
+        userns_problem = m;
       } else {
         other += (other.empty() ? "missing " : ", ") + m;
       }
     }
     line("dsec-sandbox-init", init_problem.empty(), init_problem.empty() ? "found" : init_problem);
+    line("dsec-sandbox-spawner", spawner_problem.empty(), spawner_problem.empty() ? "found" : spawner_problem);
+    line("sandbox root", userns_problem.empty(),
+         userns_problem.empty() ? "a user namespace and host id range of its own (user namespaces, idmapped mounts)"
+                                : "missing " + userns_problem);
     line("container backend", other.empty(), other.empty() ? "usable" : other);
-    container_ok = container_ok && init_problem.empty() && other.empty();
+    container_ok =
+        container_ok && init_problem.empty() && spawner_problem.empty() && userns_problem.empty() && other.empty();
   }
 
   std::cout << "layer store (" << common.root << "):\n";

@@ -44,8 +44,8 @@ nlohmann::json createBody(const po::variables_map& vm) {
   if (vm.count("label") != 0) body["labels"] = parseKeyValues("label", vm["label"].as<std::vector<std::string>>());
   if (vm.count("network") != 0) {
     std::string network = vm["network"].as<std::string>();
-    if (network != "none" && network != "host")
-      throw UsageError("--network must be none or host, got '" + network + "'");
+    if (network != "none" && network != "egress")
+      throw UsageError("--network must be none or egress, got '" + network + "'");
     body["network"] = network;
   }
   return body;
@@ -68,7 +68,8 @@ int cmdRun(const Invocation& inv) {
       "idle-timeout", po::value<double>(), "destroy after this many idle seconds (0 = never)")(
       "env", po::value<std::vector<std::string>>()->composing(), "K=V default environment (repeatable)")(
       "label", po::value<std::vector<std::string>>()->composing(), "K=V label (repeatable)")(
-      "network", po::value<std::string>(), "none (default, loopback only) or host")(
+      "network", po::value<std::string>(),
+      "none (default, loopback only) or egress (a route out through the node, never to it)")(
       "keep", po::bool_switch(), "with a command: keep the sandbox afterwards")(
       "exec-timeout", po::value<double>()->default_value(0), "with a command: kill it after this many seconds")(
       "cmd", po::value<std::vector<std::string>>(), "command (prefer after --)");

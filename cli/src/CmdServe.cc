@@ -24,6 +24,9 @@ int cmdServe(const Invocation& inv) {
       "memory-capacity", po::value<std::string>(), "memory admission counts against (default: physical memory)")(
       "cpu-qos", po::value<std::string>()->default_value("on"),
       "on: latency sandboxes get dedicated cores, batch ones SCHED_IDLE on the rest; off: every sandbox plain")(
+      "user-namespaces", po::value<std::string>()->default_value("on"),
+      "on: every sandbox's root is an unprivileged host id range of its own; off: an explicit opt-out for kernels "
+      "without user namespaces or idmapped mounts (sandbox root is then host root; logged, shown in /v1/node)")(
       "fncall-image", po::value<std::string>(&options.fncall.image)->default_value(options.fncall.image),
       "default image of POST /v1/call (examples/rollout.py builds debian:12+python:3.11)")(
       "fncall-workers", po::value<int>(&options.fncall.max_workers)->default_value(options.fncall.max_workers),
@@ -46,6 +49,9 @@ int cmdServe(const Invocation& inv) {
   std::string cpu_qos = vm["cpu-qos"].as<std::string>();
   if (cpu_qos != "on" && cpu_qos != "off") throw UsageError("--cpu-qos wants on or off");
   options.cpu_qos = cpu_qos == "on";
+  std::string user_namespaces = vm["user-namespaces"].as<std::string>();
+  if (user_namespaces != "on" && user_namespaces != "off") throw UsageError("--user-namespaces wants on or off");
+  options.user_namespaces = user_namespaces == "on";
   if (vm.count("memory-capacity")) {
     options.memory_capacity_bytes = parseSizeOption("memory-capacity", vm["memory-capacity"].as<std::string>());
   }

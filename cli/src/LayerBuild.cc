@@ -1,9 +1,11 @@
 #include "LayerBuild.h"
 
 #include <fcntl.h>
+#include <linux/openat2.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,6 +15,7 @@
 #include <sstream>
 
 #include "dsec/backends/container/ContainerBackend.h"
+#include "dsec/common/Fd.h"
 #include "dsec/common/Process.h"
 #include "dsec/common/Strings.h"
 #include "dsec/fs3/LayerMounter.h"
@@ -88,15 +91,23 @@ std::string unescapeMountPath(const std::string& field) {
   return out;
 }
 
-// With the host network the init bind-mounts the host's /etc/resolv.conf and /etc/hosts (read-only) over files
-// it creates in the root, so the upper holds those placeholders (empty, or copied up from the image). The
-// command cannot have written them (the binds are read-only), and the host's resolver is no part of the layer.
+// With a network the init bind-mounts the host's /etc/resolv.conf and /etc/hosts (read-only) over files it
+// creates in the root, so the upper holds those placeholders (empty, or copied up from the image). The command
+// cannot have written them (the binds are read-only), and the host's resolver is no part of the layer.
+// The upper was written by the build: every lookup in it stays beneath it and follows no symlink (a build that
+// made /etc a symlink to / must not get a host file removed).
 Status dropHostNetworkFiles(const std::string& upper) {
-  for (const char* name : {"/etc/resolv.conf", "/etc/hosts"}) {
-    std::string path = upper + name;
+  UniqueFd upper_fd(::open(upper.c_str(), O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!upper_fd) return Error::sys(errno, "open " + upper);
+  open_how how{};
+  how.flags = O_PATH | O_DIRECTORY | O_CLOEXEC;
+  how.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV;
+  UniqueFd etc(static_cast<int>(syscall(SYS_openat2, upper_fd.get(), "etc", &how, sizeof how)));
+  if (!etc) return errno == ENOENT || errno == ELOOP || errno == ENOTDIR ? okStatus() : Error::sys(errno, "open etc");
+  for (const char* name : {"resolv.conf", "hosts"}) {
     struct stat st {};
-    if (lstat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
-    if (unlink(path.c_str()) != 0) return Error::sys(errno, "unlink " + path);
+    if (fstatat(etc.get(), name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode)) continue;
+    if (unlinkat(etc.get(), name, 0) != 0) return Error::sys(errno, std::string("unlink etc/") + name);
   }
   return okStatus();
 }
@@ -125,7 +136,7 @@ Result<RunBuildOutcome> buildLayerByRunning(fs3::LayerStore& store, const fs3::L
   spec.id = "build-" + randomHex(12);
   spec.image = image;
   spec.lower_dirs = mounted->dirs();
-  spec.network = backends::NetworkMode::kHost;
+  spec.network = backends::NetworkMode::kEgress;  // packages come from the network, never through the host's
   spec.upper_dir = build.path();
   spec.env = {{"PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
               {"HOME", "/root"},

@@ -66,14 +66,15 @@ struct Args {
   double memory_overcommit = 1.0;
   double drain_timeout = 30;
   double lost_after = 3.0;
-  bool simulate = false;  // simulated node agents (no sandbox processes; docs/fleet.md)
+  bool simulate = false;        // simulated node agents (no sandbox processes; docs/fleet.md)
+  bool user_namespaces = true;  // false: the operator's opt-out (NodeOptions::user_namespaces)
 };
 
 [[noreturn]] void usage(int code) {
   std::cerr << "usage: dsec-launch [--fleet NAME] [--root DIR] [--state-dir DIR] [--port N] [--node-port N]\n"
                "                   [--address ADDR] [--node-name NAME] [--max-sandboxes N] [--cpu-overcommit X]\n"
                "                   [--memory-overcommit X] [--lost-after SECONDS] [--fncall-image IMAGE] [--no-mpi]\n"
-               "                   [--simulate]\n"
+               "                   [--simulate] [--user-namespaces on|off]\n"
                "       dsec-launch --join NAME [--root DIR] [--drain-timeout SECONDS] ...\n"
                "       dsec-launch --gateway-only --fleet NAME --token-file F [--seed F] [--port N] [--port-file F]\n"
                "Defaults: --fleet $DSEC_FLEET or rollout; --root $DSEC_ROOT or /var/lib/dsec.\n";
@@ -123,7 +124,14 @@ Args parseArgs(int argc, char** argv) {
       a.no_mpi = true;
     else if (k == "--simulate")
       a.simulate = true;
-    else if (k == "--token-file")
+    else if (k == "--user-namespaces") {
+      std::string v = value();
+      if (v != "on" && v != "off") {
+        std::cerr << "dsec-launch: --user-namespaces wants on or off\n";
+        usage(2);
+      }
+      a.user_namespaces = v == "on";
+    } else if (k == "--token-file")
       a.token_file = value();
     else if (k == "--seed")
       a.seed_file = value();
@@ -301,6 +309,7 @@ Result<RunningNode> startNode(const Args& args, const std::string& token, const 
   o.max_sandboxes = args.max_sandboxes;
   if (!args.fncall_image.empty()) o.fncall.image = args.fncall_image;
   o.simulate = args.simulate;
+  o.user_namespaces = args.user_namespaces;
   DSEC_ASSIGN_OR_RETURN(r.node, EmbeddedNode::start(o));
   r.endpoint = r.node->endpoint();
   return r;
@@ -621,6 +630,8 @@ int runLaunch(const Args& args, int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) try {
+  // Every role holds the fleet token: not readable through /proc or ptrace but by host root, never in a core dump.
+  prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
   Args args = parseArgs(argc, argv);
   if (const char* level = std::getenv("DSEC_LOG_LEVEL")) {
     LogLevel l;

@@ -25,8 +25,6 @@ using nlohmann::json;
 
 constexpr const char* kLog = "node";
 
-const char* networkName(backends::NetworkMode mode) { return mode == backends::NetworkMode::kHost ? "host" : "none"; }
-
 json paramsToJson(const CreateParams& p) {
   return json{{"image", p.image},
               {"backend", p.backend},
@@ -36,7 +34,7 @@ json paramsToJson(const CreateParams& p) {
               {"pids", p.pids},
               {"timeout", p.timeout},
               {"idle_timeout", p.idle_timeout},
-              {"network", networkName(p.network)},
+              {"network", backends::networkModeName(p.network)},
               {"env", p.env},
               {"labels", p.labels},
               {"session", p.session.empty() ? json(nullptr) : json(p.session)},
@@ -58,7 +56,9 @@ Result<CreateParams> paramsFromState(const json& j) {
     p.pids = j.value("pids", int64_t{0});
     p.timeout = j.value("timeout", 0.0);
     p.idle_timeout = j.value("idle_timeout", 0.0);
-    p.network = j.value("network", "none") == "host" ? backends::NetworkMode::kHost : backends::NetworkMode::kNone;
+    auto network = backends::parseNetworkMode(j.value("network", "none"));
+    if (!network.ok()) return network.error();
+    p.network = *network;
     p.env = j.value("env", std::map<std::string, std::string>{});
     p.labels = j.value("labels", std::map<std::string, std::string>{});
     if (j.contains("session") && j["session"].is_string()) p.session = j["session"].get<std::string>();
@@ -131,6 +131,11 @@ Result<std::unique_ptr<NodeAgent>> NodeAgent::start(const NodeOptions& options, 
   backend_options.cgroup_parent =
       options.cgroup_parent.empty() ? cgroupParentForRoot(options.root) : options.cgroup_parent;
   backend_options.cpu_qos = options.cpu_qos;
+  if (!options.user_namespaces) {
+    backend_options.user_namespace = backends::UserNamespaceMode::kOff;
+    DSEC_LOG(kWarn, kLog) << "user namespaces are off by the operator's choice: sandbox root is host root "
+                             "(with reduced capabilities, no_new_privs and seccomp); see docs/security.md";
+  }
   agent->cgroup_parent_ = backend_options.cgroup_parent;
   // A simulated node needs no kernel features: its sandboxes are records only (SimulatedBackend.h).
   auto backend = options.simulate ? Result<std::unique_ptr<backends::Backend>>(makeSimulatedBackend())
@@ -741,6 +746,11 @@ json NodeAgent::nodeInfo() {
               {"cpus", static_cast<int64_t>(sysconf(_SC_NPROCESSORS_ONLN))}}},
             {"sandboxes", count},
             {"density", density_ ? density_->nodeJson() : json(nullptr)},
+            {"isolation",
+             {{"user_namespaces", options_.user_namespaces},
+              {"warning", options_.user_namespaces
+                              ? json(nullptr)
+                              : json("user namespaces are off (operator opt-out): sandbox root is host root")}}},
             {"qos", cpu_ ? cpu_->nodeJson() : json(nullptr)}};
   addFncallInfo(&info);
   return info;

@@ -223,10 +223,14 @@ Result<CreateParams> parseCreateRequest(const json& body, int64_t node_memory_by
     DSEC_ASSIGN_OR_RETURN(std::string net, parseStringField(body["network"], "network"));
     if (net == "none") {
       p.network = backends::NetworkMode::kNone;
+    } else if (net == "egress") {
+      p.network = backends::NetworkMode::kEgress;
     } else if (net == "host") {
-      p.network = backends::NetworkMode::kHost;
+      return fieldError("network",
+                        "\"host\" is not offered: a sandbox never shares the node's network (its root "
+                        "could sniff and spoof the node's traffic); use \"egress\" for a route out");
     } else {
-      return fieldError("network", "expected \"none\" or \"host\", got \"" + net + "\"");
+      return fieldError("network", "expected \"none\" or \"egress\", got \"" + net + "\"");
     }
   }
   if (body.contains("qos")) {

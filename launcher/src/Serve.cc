@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -74,6 +75,7 @@ class EmbeddedNodeImpl : public EmbeddedNode {
     if (options_.simulate) node_options.density = simulatedDensityConfig(node_options.density);
     node_options.cpu_qos = options_.cpu_qos;
     node_options.cpu_exclusive_pool = options_.cpu_exclusive_pool;
+    node_options.user_namespaces = options_.user_namespaces;
     DSEC_ASSIGN_OR_RETURN(agent_, NodeAgent::start(node_options, &metrics_));
     metrics_.setGaugeRenderer([agent = agent_.get()](std::string* out) { agent->renderGauges(out); });
     api_ = std::make_unique<ApiServer>(agent_.get(), token_);
@@ -129,6 +131,9 @@ class EmbeddedNodeImpl : public EmbeddedNode {
 }  // namespace
 
 Result<std::unique_ptr<EmbeddedNode>> EmbeddedNode::start(const ServeOptions& options) {
+  // The node holds its token in memory: nothing but host root may read it through /proc or ptrace, and no core
+  // dump carries it.
+  if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0) return Error::sys(errno, "make the node process undumpable");
   auto node = std::make_unique<EmbeddedNodeImpl>(options);
   DSEC_TRY(node->init());
   return std::unique_ptr<EmbeddedNode>(std::move(node));

@@ -55,6 +55,11 @@ Result<std::unique_ptr<backends::Backend>> makeBackend(const PluginArgs& args) {
   options.init_path = args.init_path.empty() ? initNextToPlugin() : args.init_path;
   options.cgroup_parent = args.cgroup_parent;
   options.default_disk_bytes = args.disk_bytes;
+  // The step's tasks are the job user's own processes, joined from slurmstepd: they need no user namespace (they
+  // are unprivileged already), may keep the host's network like any job step, and nothing else is started inside.
+  options.user_namespace = backends::UserNamespaceMode::kOff;
+  options.allow_host_network = true;
+  options.commands = false;
   return backends::makeContainerBackend(options);
 }
 

@@ -245,7 +245,6 @@ TEST_F(ApiCallTest, RestartedNodeReapsWorkersLeftBehind) {
   // dropped without destroy (the backend keeps it running as a leftover).
   backends::ContainerBackendOptions backend_options;
   backend_options.cgroup_parent = cgroupParent();
-  backend_options.netns_pool_size = 0;
   backend_options.init_pool_size = 0;
   {
     auto backend = backends::makeContainerBackend(backend_options);

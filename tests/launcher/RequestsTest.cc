@@ -41,7 +41,7 @@ TEST(CreateRequest, DefaultsFromImageOnly) {
 TEST(CreateRequest, AllFields) {
   auto r = create(R"({"image": "a:1", "backend": "container", "cpus": 0.5, "memory": "64M", "disk": 10485760,
       "pids": 64, "timeout": 3600, "idle_timeout": 1.5, "env": {"K": "V", "EMPTY": ""}, "labels": {"run": "42"},
-      "network": "host"})");
+      "network": "egress"})");
   ASSERT_OK(r);
   EXPECT_EQ(r->cpus, 0.5);
   EXPECT_EQ(r->memory_bytes, 64LL << 20);
@@ -50,7 +50,7 @@ TEST(CreateRequest, AllFields) {
   EXPECT_EQ(r->idle_timeout, 1.5);
   EXPECT_EQ(r->env.at("K"), "V");
   EXPECT_EQ(r->labels.at("run"), "42");
-  EXPECT_EQ(r->network, backends::NetworkMode::kHost);
+  EXPECT_EQ(r->network, backends::NetworkMode::kEgress);
 }
 
 TEST(CreateRequest, Qos) {
@@ -100,6 +100,8 @@ TEST(CreateRequest, RejectsBadInput) {
   expectInvalid(R"({"image": "a:1", "labels": {"k": 1}})", "labels.k");
   expectInvalid(R"({"image": "a:1", "labels": {"a=b": "c"}})", "labels");
   expectInvalid(R"({"image": "a:1", "network": "bridge"})", "network");
+  // No sandbox shares the node's network.
+  expectInvalid(R"({"image": "a:1", "network": "host"})", "network");
   expectInvalid(R"({"image": "a:1", "backend": "docker"})", "backend");
   expectInvalid(R"([1, 2])", "JSON object");
   expectInvalid(R"({"image": )", "malformed JSON");

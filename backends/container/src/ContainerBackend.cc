@@ -5,6 +5,8 @@
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -17,7 +19,6 @@
 #include "ContainerSandbox.h"
 #include "InitPool.h"
 #include "InitProtocol.h"
-#include "NetnsPool.h"
 #include "SeccompFilter.h"
 #include "Spawn.h"
 #include "dsec/common/Fault.h"
@@ -77,47 +78,85 @@ Status validateSpec(const SandboxSpec& spec) {
 }
 
 std::string buildInitConfig(const SandboxSpec& spec, int64_t disk_bytes, const std::vector<sock_filter>& bpf,
-                            const std::vector<std::string>& cgroup_files) {
+                            const std::optional<EgressLink>& egress) {
   std::string c;
-  for (const auto& f : cgroup_files) c += "cgroup " + f + "\n";
   std::string fault = armedFault();
   if (startsWith(fault, proto::kFaultPrefix)) c += "fail_at " + fault.substr(strlen(proto::kFaultPrefix)) + "\n";
   c += "hostname " + spec.id + "\n";
   c += std::string("scratch ") + kScratchDir + "\n";
-  for (const auto& d : spec.lower_dirs) c += "lower " + d + "\n";
-  if (!spec.upper_dir.empty()) c += "upper_dir " + spec.upper_dir + "\n";
+  c += "lowers " + std::to_string(spec.lower_dirs.size()) + "\n";
+  if (!spec.upper_dir.empty()) c += "upper_fd 1\n";
   c += "disk_bytes " + std::to_string(disk_bytes) + "\n";
-  c += std::string("network ") + (spec.network == NetworkMode::kHost ? "host" : "none") + "\n";
+  c += std::string("network ") + networkModeName(spec.network) + "\n";
+  if (egress) c += "egress " + egress->address + " " + egress->gateway + " " + egress->netmask + "\n";
   if (spec.read_only_root) c += "read_only_root 1\n";
   c += "bpf " + std::to_string(bpf.size()) + "\n";
   c.append(reinterpret_cast<const char*>(bpf.data()), bpf.size() * sizeof(sock_filter));
   return c;
 }
 
-// Writes the config to init. An init that died meanwhile (killed from outside while it waited in the pool)
-// must give an error here, not a SIGPIPE that kills the agent: SIGPIPE is blocked around the write and a
-// pending one consumed.
-Status writeAllFd(int fd, const std::string& data) {
-  sigset_t pipe_set, old_set;
-  sigemptyset(&pipe_set);
-  sigaddset(&pipe_set, SIGPIPE);
-  pthread_sigmask(SIG_BLOCK, &pipe_set, &old_set);
-  Status st = okStatus();
-  size_t off = 0;
+// The mounts init builds the root from: the layers (read-only) and, for layer builds, the host directory that
+// holds the upper; idmapped to the sandbox's user namespace when it has one.
+Result<std::vector<UniqueFd>> sandboxMounts(const SandboxSpec& spec, int userns_fd) {
+  std::vector<UniqueFd> mounts;
+  for (const auto& dir : spec.lower_dirs) {
+    DSEC_ASSIGN_OR_RETURN(UniqueFd m, detachedMount(dir, userns_fd, true));
+    mounts.push_back(std::move(m));
+  }
+  if (!spec.upper_dir.empty()) {
+    DSEC_ASSIGN_OR_RETURN(UniqueFd m, detachedMount(spec.upper_dir, userns_fd, false));
+    mounts.push_back(std::move(m));
+  }
+  return mounts;
+}
+
+// Sends the config to init: the mounts ride on its first byte, then the rest, then EOF. An init that died
+// meanwhile (killed from outside while it waited in the pool) gives an error here, never a SIGPIPE.
+Status sendConfig(int fd, const std::string& data, const std::vector<UniqueFd>& mounts) {
+  std::vector<int> fds;
+  for (const auto& m : mounts) fds.push_back(m.get());
+  iovec iov{const_cast<char*>(data.data()), 1};
+  std::vector<char> control(CMSG_SPACE(sizeof(int) * std::max<size_t>(fds.size(), 1)));
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  if (!fds.empty()) {
+    msg.msg_control = control.data();
+    msg.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+    std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
+  }
+  ssize_t n;
+  do {
+    n = ::sendmsg(fd, &msg, MSG_NOSIGNAL);
+  } while (n < 0 && errno == EINTR);
+  if (n != 1) return Error::sys(errno, "send config to init");
+  size_t off = 1;
   while (off < data.size()) {
-    ssize_t n = write(fd, data.data() + off, data.size() - off);
+    n = ::send(fd, data.data() + off, data.size() - off, MSG_NOSIGNAL);
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      st = Error::sys(errno, "send config to init");
-      break;
-    }
+    if (n < 0) return Error::sys(errno, "send config to init");
     off += static_cast<size_t>(n);
   }
-  timespec zero{0, 0};
-  while (sigtimedwait(&pipe_set, nullptr, &zero) > 0) {
+  if (::shutdown(fd, SHUT_WR) < 0) return Error::sys(errno, "finish config to init");
+  return okStatus();
+}
+
+// Puts init into the sandbox cgroup (from the host: inside its user namespace it may not write the host's cgroup
+// files). On v1 these are `tasks` files: moving a single-threaded process by pid skips the global threadgroup lock.
+Status moveIntoCgroup(const Cgroup& cgroup, pid_t pid) {
+  const std::string value = std::to_string(pid);
+  for (const auto& f : cgroupJoinFiles(cgroup)) {
+    UniqueFd fd(open(f.c_str(), O_WRONLY | O_CLOEXEC));
+    if (!fd) return Error::sys(errno, "open " + f);
+    if (write(fd.get(), value.data(), value.size()) != static_cast<ssize_t>(value.size())) {
+      return Error::sys(errno, "move init into " + f);
+    }
   }
-  pthread_sigmask(SIG_SETMASK, &old_set, nullptr);
-  return st;
+  return okStatus();
 }
 
 // Reads init's one status line; an error names the failed step.
@@ -209,9 +248,7 @@ class ContainerBackend : public Backend {
  public:
   explicit ContainerBackend(std::shared_ptr<ContainerShared> shared)
       : shared_(std::move(shared)),
-        netns_(static_cast<size_t>(std::max(0, shared_->options.netns_pool_size))),
-        init_pool_(static_cast<size_t>(std::max(0, shared_->options.init_pool_size)), shared_->options.init_path,
-                   netns_) {}
+        init_pool_(static_cast<size_t>(std::max(0, shared_->options.init_pool_size)), initKind(NetworkMode::kNone)) {}
 
   std::string name() const override { return "container"; }
 
@@ -219,6 +256,9 @@ class ContainerBackend : public Backend {
     std::vector<std::string> missing;
     if (access(shared_->options.init_path.c_str(), X_OK) != 0) {
       missing.push_back("dsec-sandbox-init not found at " + shared_->options.init_path);
+    }
+    if (shared_->options.commands && access(shared_->spawner_path.c_str(), X_OK) != 0) {
+      missing.push_back("dsec-sandbox-spawner not found at " + shared_->spawner_path);
     }
     auto fs = readFile("/proc/filesystems");
     if (!fs.ok() || fs->find("\toverlay\n") == std::string::npos) missing.push_back("overlayfs");
@@ -242,11 +282,19 @@ class ContainerBackend : public Backend {
         missing.push_back(std::string(ns) + " namespace");
     }
     if (geteuid() != 0) missing.push_back("root privileges");
+    if (!shared_->userns_problem.empty()) {
+      missing.push_back(shared_->userns_problem +
+                        " (sandbox root would be host root: the node runs no sandboxes unless its operator opts out "
+                        "with --user-namespaces off)");
+    }
     return missing;
   }
 
   Result<std::unique_ptr<Sandbox>> create(const SandboxSpec& spec) override {
     DSEC_TRY(validateSpec(spec));
+    if (spec.network == NetworkMode::kHost && !shared_->options.allow_host_network) {
+      return Error::invalid("sandboxes never share the host's network; use network \"egress\" for a route out");
+    }
     const double start = monotonicSeconds();
     std::unique_ptr<Cgroup> cgroup;
     InitProcess init;
@@ -279,18 +327,20 @@ class ContainerBackend : public Backend {
     cgroup = std::move(made).value();
 
     if (auto s = checkFault("container.clone"); !s.ok()) return fail(s.error());
-    // A pooled init when there is one (network "none"), else one started now.
+    // A pooled init when there is one (every pooled init has a network namespace of its own), else one started now.
     std::optional<IdleInit> idle;
-    if (spec.network == NetworkMode::kNone) idle = init_pool_.take();
+    if (spec.network != NetworkMode::kHost) idle = init_pool_.take();
     if (!idle) {
-      auto spawned = spawnIdleInit(shared_->options.init_path, spec.network == NetworkMode::kNone, netns_.take());
+      auto spawned = spawnIdleInit(initKind(spec.network));
       if (!spawned.ok()) return fail(spawned.error());
       idle = std::move(spawned).value();
     }
     init.pid = idle->process.pid;
     init.pidfd = std::move(idle->process.pidfd);
     init.is_child = true;
-    // Pooled inits start before their QoS is known: set it now, before init joins the cgroup and runs setup.
+    if (idle->userns) init.host_root = idle->host_base;
+    if (auto s = moveIntoCgroup(*cgroup, init.pid); !s.ok()) return fail(s.error());
+    // Pooled inits start before their QoS is known: set it now, before init runs its setup.
     if (int policy = sandboxSchedPolicy(spec, shared_->options.cpu_qos); policy >= 0) {
       sched_param param{};
       if (sched_setscheduler(init.pid, policy, &param) < 0)
@@ -299,9 +349,18 @@ class ContainerBackend : public Backend {
 
     if (auto s = checkFault("container.send_config"); !s.ok()) return fail(s.error());
     int64_t disk = spec.disk_bytes > 0 ? spec.disk_bytes : shared_->options.default_disk_bytes;
-    const std::string config = buildInitConfig(spec, disk, shared_->seccomp, cgroupJoinFiles(*cgroup));
-    if (auto s = writeAllFd(idle->config_w.get(), config); !s.ok()) return fail(s.error());
-    idle->config_w.reset();
+    auto mounts = sandboxMounts(spec, idle->userns.get());
+    if (!mounts.ok()) return fail(mounts.error());
+    std::optional<EgressLink> egress;
+    if (spec.network == NetworkMode::kEgress) {
+      auto link = shared_->egress->attach(init.pid);
+      if (!link.ok()) return fail(link.error());
+      egress = std::move(*link);
+    }
+    const std::string config = buildInitConfig(spec, disk, shared_->seccomp, egress);
+    if (auto s = sendConfig(idle->config.get(), config, *mounts); !s.ok()) return fail(s.error());
+    mounts->clear();
+    idle->config.reset();
     UniqueFd status_r = std::move(idle->status_r);
 
     if (auto s = checkFault("container.wait_ready"); !s.ok()) return fail(s.error());
@@ -360,6 +419,11 @@ class ContainerBackend : public Backend {
     UniqueFd root = openProcRoot(pid);
     if (!root) return gone("cannot open its root");
     init.is_child = parentOf(pid) == getpid();  // adopted back by the same process (tests): reap it ourselves
+    if (state.value("user_namespace", false)) {
+      auto host_root = hostRootOf(pid);
+      if (!host_root.ok()) return gone("its user namespace has no root: " + host_root.error().message());
+      init.host_root = *host_root;
+    }
     int64_t oom_kills = 0;
     if (auto st = (*cgroup)->stats(); st.ok()) oom_kills = st->oom_kills;
     {
@@ -424,9 +488,17 @@ class ContainerBackend : public Backend {
     return (*cgroup)->remove();
   }
 
+  InitKind initKind(NetworkMode network) const {
+    InitKind kind;
+    kind.init_path = shared_->options.init_path;
+    kind.id_ranges = shared_->id_ranges.get();
+    kind.userns_owned_by_root = shared_->userns_owned_by_root;
+    kind.network_namespace = network != NetworkMode::kHost;
+    return kind;
+  }
+
   std::shared_ptr<ContainerShared> shared_;
-  NetnsPool netns_;
-  InitPool init_pool_;  // after netns_: it takes namespaces from it, and is destroyed first
+  InitPool init_pool_;
 };
 
 }  // namespace
@@ -438,6 +510,9 @@ std::vector<std::string> containerCreateFaultPoints() {
 }
 
 Result<std::unique_ptr<Backend>> makeContainerBackend(const ContainerBackendOptions& options) {
+  // A process that runs sandboxes is never readable through /proc or ptrace by anything but host root, whatever
+  // else it holds (tokens, other sandboxes' requests), and never dumps core.
+  if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0) return Error::sys(errno, "make the process undumpable");
   auto shared = std::make_shared<ContainerShared>();
   shared->options = options;
   shared->options.init_path = findInit(options);
@@ -449,6 +524,25 @@ Result<std::unique_ptr<Backend>> makeContainerBackend(const ContainerBackendOpti
   shared->scratch_dir = kScratchDir;
   DSEC_TRY(makeDirs(kScratchDir, 0755));
   shared->keep_caps = defaultSandboxCaps();
+  if (options.user_namespace == UserNamespaceMode::kPrivate) {
+    IdRangeOptions ranges;
+    ranges.lease_dir = options.id_lease_dir;
+    ranges.first_host_id = options.id_range_first;
+    ranges.count = options.id_range_count;
+    shared->id_ranges = std::make_unique<IdRangeAllocator>(ranges);
+    DSEC_TRY(shared->id_ranges->prepare());
+    UserNamespaceSupport support = probeUserNamespaces(kScratchDir);
+    shared->userns_problem = support.problem;
+    shared->userns_owned_by_root = !support.unprivileged_owner;
+    if (support.problem.empty() && !support.unprivileged_owner) {
+      DSEC_LOG(kWarn, "container") << "this kernel refuses user namespaces made by unprivileged ids: sandboxes' "
+                                      "namespaces are made by root, so their per-user kernel counts (inotify "
+                                      "instances, namespaces, message queues) are charged to root";
+    }
+  }
+  shared->egress = std::make_unique<EgressNetwork>(options.egress_subnet);
+  shared->spawner_path = findSpawner();
+  shared->spawner = std::make_unique<Spawner>(shared->spawner_path, shared->seccomp);
   return std::unique_ptr<Backend>(std::make_unique<ContainerBackend>(std::move(shared)));
 }
 

@@ -80,7 +80,7 @@ nlohmann::json specToJson(const SandboxSpec& spec) {
           {"pids", spec.pids},
           {"disk_bytes", spec.disk_bytes},
           {"env", spec.env},
-          {"network", spec.network == NetworkMode::kHost ? "host" : "none"},
+          {"network", networkModeName(spec.network)},
           {"upper_dir", spec.upper_dir},
           {"read_only_root", spec.read_only_root}};
 }
@@ -96,7 +96,7 @@ Result<SandboxSpec> specFromJson(const nlohmann::json& j) {
     s.pids = j.value("pids", int64_t{0});
     s.disk_bytes = j.value("disk_bytes", int64_t{0});
     s.env = j.value("env", std::map<std::string, std::string>{});
-    s.network = j.value("network", "none") == "host" ? NetworkMode::kHost : NetworkMode::kNone;
+    DSEC_ASSIGN_OR_RETURN(s.network, parseNetworkMode(j.value("network", "none")));
     s.upper_dir = j.value("upper_dir", "");
     s.read_only_root = j.value("read_only_root", false);
     return s;
@@ -109,6 +109,7 @@ ContainerSandbox::ContainerSandbox(std::shared_ptr<ContainerShared> shared, Sand
                                    UniqueFd root_fd, std::unique_ptr<Cgroup> cgroup, bool paused, int64_t oom_kills)
     : shared_(std::move(shared)),
       spec_(std::move(spec)),
+      owner_(init.host_root),
       init_(std::move(init)),
       root_fd_(std::move(root_fd)),
       cgroup_(std::move(cgroup)),
@@ -166,7 +167,7 @@ Result<UniqueFd> ContainerSandbox::openForRead(const std::string& path) {
 
 Result<UniqueFd> ContainerSandbox::openForWrite(const std::string& path, uint32_t mode) {
   DSEC_ASSIGN_OR_RETURN(Use use, acquire(false));
-  return sandboxOpenForWrite(root_fd_.get(), path, mode);
+  return sandboxOpenForWrite(root_fd_.get(), path, mode, owner_);
 }
 
 Result<FileStat> ContainerSandbox::stat(const std::string& path) {
@@ -340,9 +341,14 @@ Result<SandboxUsage> ContainerSandbox::usage() {
 
 nlohmann::json ContainerSandbox::persistentState() const {
   std::lock_guard lock(mu_);
-  return {{"backend", "container"},    {"id", spec_.id},
-          {"init_pid", init_.pid},     {"init_start_time", init_.start_time},
-          {"cgroup", cgroup_->name()}, {"paused", state_ == SandboxState::kPaused},
+  return {{"backend", "container"},
+          {"id", spec_.id},
+          {"init_pid", init_.pid},
+          {"init_start_time", init_.start_time},
+          {"cgroup", cgroup_->name()},
+          {"paused", state_ == SandboxState::kPaused},
+          {"user_namespace", owner_.has_value()},
+          {"host_root", owner_.value_or(0)},
           {"spec", specToJson(spec_)}};
 }
 

@@ -1,5 +1,5 @@
 // One container sandbox as seen by the agent: its init (pid, start time, pidfd), its root (an O_PATH fd
-// through /proc/<init>/root, used by the file API and as the chroot of every exec) and its cgroup.
+// through /proc/<init>/root, used by the file API) and its cgroup.
 #pragma once
 
 #include <linux/filter.h>
@@ -9,10 +9,14 @@
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "EgressNetwork.h"
+#include "Spawn.h"
+#include "UserNamespace.h"
 #include "dsec/backends/Sandbox.h"
 #include "dsec/backends/container/ContainerBackend.h"
 #include "dsec/common/Cgroup.h"
@@ -27,17 +31,22 @@ struct ContainerShared {
   std::vector<sock_filter> seccomp;
   std::string scratch_dir;  // empty host dir every init mounts its root on (inside its own mount namespace)
   uint64_t keep_caps = 0;
+  std::unique_ptr<IdRangeAllocator> id_ranges;  // set when sandboxes get user namespaces
+  std::string userns_problem;                   // what the kernel lacks for them ("" = nothing)
+  bool userns_owned_by_root = false;            // the kernel lets only root make them (UserNamespace.h)
+  std::string spawner_path;
+  std::unique_ptr<Spawner> spawner;       // starts every command inside a sandbox
+  std::unique_ptr<EgressNetwork> egress;  // network egress links and the node's rules (prepared on first use)
   std::mutex mu;
   std::set<std::string> live;  // ids created or adopted by this process and not destroyed
 };
-
-struct SpawnedCommand;  // Spawn.h
 
 struct InitProcess {
   pid_t pid = -1;
   uint64_t start_time = 0;
   UniqueFd pidfd;
-  bool is_child = false;  // created by this process (then it must be reaped with waitid)
+  bool is_child = false;              // created by this process (then it must be reaped with waitid)
+  std::optional<uint32_t> host_root;  // host uid/gid of the sandbox's root when it has a user namespace
 };
 
 class ContainerSandbox : public Sandbox {
@@ -94,10 +103,12 @@ class ContainerSandbox : public Sandbox {
 
   std::shared_ptr<ContainerShared> shared_;
   SandboxSpec spec_;
+  // Files the API creates inside belong to the sandbox's root (host id host_root); nullopt: host root.
+  std::optional<uint32_t> owner_;
   InitProcess init_;
   UniqueFd root_fd_;
   std::unique_ptr<Cgroup> cgroup_;
-  std::vector<std::string> procs_files_;
+  std::vector<std::string> procs_files_;  // the cgroup's files a new command writes "0" into to join it
   // The memory controller's directory (found from the cgroup's procs files) for setMemoryLimit; "" = none.
   std::string memory_dir_;
   std::mutex memory_mu_;  // one limit change at a time (v1 writes two files in a value-dependent order)

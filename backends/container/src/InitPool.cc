@@ -4,50 +4,143 @@
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
+#include <optional>
 
+#include "InitProtocol.h"
 #include "dsec/common/Logging.h"
+#include "dsec/common/Process.h"
+#include "dsec/common/Strings.h"
 
 namespace dsec::backends {
 
-Result<IdleInit> spawnIdleInit(const std::string& init_path, bool new_net, UniqueFd netns) {
-  int config_pipe[2], status_pipe[2];
-  if (pipe2(config_pipe, O_CLOEXEC) < 0) return Error::sys(errno, "pipe");
-  UniqueFd config_r(config_pipe[0]), config_w(config_pipe[1]);
+namespace {
+
+// Generous: on a loaded machine starting init and its namespaces has taken a few hundred milliseconds.
+constexpr double kHandshakeSeconds = 30;
+
+// Reads one status line of stage 1 (a byte at a time: nothing after the newline is ours to take).
+Result<std::string> readStatusLine(int fd, double deadline) {
+  std::string line;
+  for (;;) {
+    double left = deadline - monotonicSeconds();
+    if (left <= 0) return Error(ErrorCode::kTimeout, "sandbox init did not start in time");
+    pollfd p{fd, POLLIN, 0};
+    int rc = poll(&p, 1, static_cast<int>(left * 1000) + 1);
+    if (rc < 0 && errno == EINTR) continue;
+    if (rc < 0) return Error::sys(errno, "poll init status");
+    if (rc == 0) continue;
+    char c;
+    ssize_t n = read(fd, &c, 1);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return Error::sys(errno, "read init status");
+    if (n == 0)
+      return Error(ErrorCode::kSystem, "sandbox init exited while starting" + (line.empty() ? "" : ": " + line));
+    if (c == '\n') break;
+    if (line.size() > 4096) return Error(ErrorCode::kSystem, "sandbox init sent a bad status");
+    line.push_back(c);
+  }
+  // "err STEP ERRNO MESSAGE"
+  if (startsWith(line, "err ")) {
+    auto parts = split(line, ' ');
+    int err = parts.size() > 2 ? atoi(parts[2].c_str()) : 0;
+    std::string text = "sandbox init step " + (parts.size() > 1 ? parts[1] : std::string("?"));
+    if (parts.size() > 3) text += ": " + line.substr(parts[0].size() + parts[1].size() + parts[2].size() + 3);
+    if (err != 0) text += ": " + std::string(strerror(err));
+    return Error(ErrorCode::kSystem, text, err);
+  }
+  return line;
+}
+
+void reapStage(SpawnedProcess& stage) {
+  siginfo_t info;
+  while (waitid(static_cast<idtype_t>(P_PIDFD), static_cast<id_t>(stage.pidfd.get()), &info, WEXITED) < 0 &&
+         errno == EINTR) {
+  }
+  stage.pidfd.reset();
+}
+
+}  // namespace
+
+Result<IdleInit> spawnIdleInit(const InitKind& kind) {
+  int config_pair[2], status_pipe[2];
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, config_pair) < 0) return Error::sys(errno, "socketpair");
+  UniqueFd config(config_pair[0]), config_init(config_pair[1]);
   if (pipe2(status_pipe, O_CLOEXEC) < 0) return Error::sys(errno, "pipe");
   UniqueFd status_r(status_pipe[0]), status_w(status_pipe[1]);
+  std::optional<IdRangeLease> lease;
+  if (kind.id_ranges != nullptr) {
+    DSEC_ASSIGN_OR_RETURN(lease, kind.id_ranges->acquire());
+  }
 
   InitSpawnRequest req;
-  req.init_path = init_path;
-  req.namespace_flags = CLONE_NEWPID | CLONE_NEWUTS | CLONE_NEWIPC;
-  if (new_net) {
-    if (!netns) req.namespace_flags |= CLONE_NEWNET;
-    req.netns_fd = netns.get();
-  }
-  req.config_fd = config_r.get();
+  req.init_path = kind.init_path;
+  req.user_namespace = lease.has_value();
+  req.userns_owner = lease && !kind.userns_owned_by_root ? static_cast<int64_t>(lease->host_base) : -1;
+  req.network_namespace = kind.network_namespace;
+  req.config_fd = config_init.get();
   req.status_fd = status_w.get();
-  DSEC_ASSIGN_OR_RETURN(SpawnedProcess process, spawnInit(req));
-  // init holds the only other ends now: EOF on status_r means it died.
-  return IdleInit{std::move(process), std::move(config_w), std::move(status_r)};
+  req.lease_fd = lease ? lease->lock_fd.get() : -1;
+  DSEC_ASSIGN_OR_RETURN(SpawnedProcess stage, spawnInitStage(req));
+  // Init holds the other ends now (and the lease's lock): EOF on status_r means it died.
+  config_init.reset();
+  status_w.reset();
+  if (lease) lease->lock_fd.reset();
+  auto fail = [&](const Error& e) {
+    (void)syscall(SYS_pidfd_send_signal, stage.pidfd.get(), SIGKILL, nullptr, 0);
+    reapStage(stage);
+    return e.wrap("starting a sandbox init");
+  };
+
+  const double deadline = monotonicSeconds() + kHandshakeSeconds;
+  if (lease) {
+    auto line = readStatusLine(status_r.get(), deadline);
+    if (!line.ok()) return fail(line.error());
+    if (*line != "userns") return fail(Error::internal("sandbox init sent '" + *line + "' instead of userns"));
+    if (auto mapped = writeIdMaps(stage.pid, lease->host_base); !mapped.ok()) return fail(mapped.error());
+    const char byte = init_protocol::kMappedByte;
+    if (::send(config.get(), &byte, 1, MSG_NOSIGNAL) != 1) return fail(Error::sys(errno, "release sandbox init"));
+  }
+  auto line = readStatusLine(status_r.get(), deadline);
+  if (!line.ok()) return fail(line.error());
+  pid_t pid = startsWith(*line, "init ") ? static_cast<pid_t>(atoi(line->c_str() + 5)) : 0;
+  if (pid <= 1) return fail(Error::internal("sandbox init sent '" + *line + "' instead of its pid"));
+  reapStage(stage);
+
+  IdleInit out;
+  out.process.pid = pid;
+  // PID 1 of the sandbox is our child (CLONE_PARENT): its pid stays ours until we reap it.
+  auto pidfd = pidfdOpen(pid);
+  if (!pidfd.ok()) return pidfd.error().wrap("starting a sandbox init");
+  out.process.pidfd = std::move(*pidfd);
+  out.config = std::move(config);
+  out.status_r = std::move(status_r);
+  if (lease) {
+    out.host_base = lease->host_base;
+    out.userns.reset(open(("/proc/" + std::to_string(pid) + "/ns/user").c_str(), O_RDONLY | O_CLOEXEC));
+    if (!out.userns) {
+      Error e = Error::sys(errno, "open the sandbox's user namespace");
+      discardIdleInit(out);
+      return e;
+    }
+  }
+  return out;
 }
 
 void discardIdleInit(IdleInit& init) {
-  init.config_w.reset();
+  init.config.reset();
   if (!init.process.pidfd) return;
   (void)syscall(SYS_pidfd_send_signal, init.process.pidfd.get(), SIGKILL, nullptr, 0);
-  siginfo_t info;
-  while (waitid(static_cast<idtype_t>(P_PIDFD), static_cast<id_t>(init.process.pidfd.get()), &info, WEXITED) < 0 &&
-         errno == EINTR) {
-  }
-  init.process.pidfd.reset();
+  reapStage(init.process);
 }
 
-InitPool::InitPool(size_t target, std::string init_path, NetnsPool& netns)
-    : target_(target), init_path_(std::move(init_path)), netns_(netns) {}
+InitPool::InitPool(size_t target, InitKind kind) : target_(target), kind_(std::move(kind)) {}
 
 InitPool::~InitPool() {
   {
@@ -87,7 +180,7 @@ void InitPool::run() {
       cv_.wait(lock, [&] { return stop_ || ready_.size() < target_; });
       if (stop_) return;
     }
-    auto init = spawnIdleInit(init_path_, true, netns_.take());
+    auto init = spawnIdleInit(kind_);
     if (!init.ok()) {
       DSEC_LOG(kWarn, "container") << "init pool: " << init.error().toString() << "; pool disabled";
       return;

@@ -1,16 +1,19 @@
-// Exec into a running sandbox from outside: spawn (Spawn.cc), then pump stdin/stdout/stderr with poll()
-// until the command exits, enforcing the output cap and the timeout.
+// Exec into a running sandbox from outside: the spawner starts the command (Spawn.h), then stdin/stdout/stderr
+// are pumped with poll() until it exits, enforcing the output cap and the timeout.
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
 #include "ContainerSandbox.h"
 #include "Spawn.h"
+#include "SpawnProtocol.h"
 #include "dsec/common/SigpipeBlock.h"
 #include "dsec/common/Strings.h"
 
@@ -22,6 +25,10 @@ constexpr size_t kReadChunk = size_t{64} * 1024;
 // After the command exits, what its background children still write is not waited for; this bounds how
 // long already-buffered output is drained.
 constexpr double kDrainSeconds = 0.2;
+// The steps between the spawner's clone and the exec take microseconds. A command that has not got there by
+// then was stopped by a process inside (it can signal the command once it is in the sandbox's user namespace):
+// it is killed rather than holding the caller, whatever the exec's own timeout.
+constexpr double kStartSeconds = 10;
 
 struct Pipe {
   UniqueFd read_end, write_end;
@@ -83,19 +90,48 @@ Result<SpawnedCommand> ContainerSandbox::startCommand(const ExecRequest& request
     for (const auto& dir : split(env["PATH"], ':')) spawn.candidates.push_back((dir.empty() ? "." : dir) + "/" + prog);
   }
   spawn.cwd = request.cwd;
-  spawn.procs_files = procs_files_;
+  // The cgroup's files are opened here, on the host: inside, they are not visible.
+  std::vector<UniqueFd> procs;
+  for (const auto& f : procs_files_) {
+    procs.emplace_back(open(f.c_str(), O_WRONLY | O_CLOEXEC));
+    if (!procs.back()) return Error::sys(errno, "open " + f);
+    spawn.procs_fds.push_back(procs.back().get());
+  }
   spawn.init_pidfd = init_.pidfd.get();
-  spawn.namespace_flags = CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWPID | CLONE_NEWCGROUP;
-  if (spec_.network == NetworkMode::kNone) spawn.namespace_flags |= CLONE_NEWNET;
-  spawn.root_fd = root_fd_.get();
-  spawn.seccomp = &shared_->seccomp;
+  spawn.user_namespace = owner_.has_value();
+  spawn.namespace_flags = CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWCGROUP;
+  if (spec_.network != NetworkMode::kHost) spawn.namespace_flags |= CLONE_NEWNET;
   spawn.keep_caps = shared_->keep_caps;
   spawn.sched_policy = sandboxSchedPolicy(spec_, shared_->options.cpu_qos);  // CPU QoS (D2)
   spawn.stdin_fd = stdio.stdin_fd;
   spawn.stdout_fd = stdio.stdout_fd;
   spawn.stderr_fd = stdio.stderr_fd;
-  return spawnCommand(spawn);
+  if (!shared_->options.commands) {
+    return Error(ErrorCode::kUnsupported, "this backend starts no commands inside its sandboxes");
+  }
+  return shared_->spawner->spawn(spawn);
 }
+
+namespace {
+
+// A step before exec failed: a bad cwd is the caller's mistake, anything else the node's.
+Error startError(const ExecRequest& request, const ExecStart& started) {
+  Error e = Error::sys(started.exec_errno, spawn_protocol::childStepName(started.step));
+  if (started.step == spawn_protocol::kStepChdir) {
+    return Error(ErrorCode::kInvalidArgument, "cwd " + request.cwd + ": " + e.message());
+  }
+  return e.wrap("start command");
+}
+
+void killAndReap(SpawnedCommand& cmd) {
+  (void)syscall(SYS_pidfd_send_signal, cmd.pidfd.get(), SIGKILL, nullptr, 0);
+  siginfo_t info{};
+  while (waitid(static_cast<idtype_t>(P_PIDFD), static_cast<id_t>(cmd.pidfd.get()), &info, WEXITED) < 0 &&
+         errno == EINTR) {
+  }
+}
+
+}  // namespace
 
 Result<LongRunningProcess> ContainerSandbox::spawn(const ExecRequest& request) {
   DSEC_TRY(validateRequest(request));
@@ -105,9 +141,14 @@ Result<LongRunningProcess> ContainerSandbox::spawn(const ExecRequest& request) {
   DSEC_ASSIGN_OR_RETURN(Pipe err, makePipe());
   DSEC_ASSIGN_OR_RETURN(SpawnedCommand cmd,
                         startCommand(request, {in.read_end.get(), out.write_end.get(), err.write_end.get()}));
-  if (cmd.exec_errno != 0) {
-    return Error(cmd.exec_errno == ENOENT || cmd.exec_errno == ENOTDIR ? ErrorCode::kNotFound : ErrorCode::kSystem,
-                 "spawn " + request.argv[0] + " in " + spec_.id + ": " + std::strerror(cmd.exec_errno), cmd.exec_errno);
+  auto started = awaitExec(cmd, monotonicSeconds() + kStartSeconds);
+  if (!started.ok() || started->exec_errno != 0) {
+    killAndReap(cmd);
+    if (!started.ok()) return started.error().wrap("spawn " + request.argv[0] + " in " + spec_.id);
+    const int e = started->exec_errno;
+    if (started->step != spawn_protocol::kStepExec) return startError(request, *started);
+    return Error(e == ENOENT || e == ENOTDIR ? ErrorCode::kNotFound : ErrorCode::kSystem,
+                 "spawn " + request.argv[0] + " in " + spec_.id + ": " + std::strerror(e), e);
   }
   keepSpawned(cmd.pidfd.get());
   LongRunningProcess proc;
@@ -141,9 +182,32 @@ Result<ExecResult> ContainerSandbox::run(const ExecRequest& request, ExecSink* s
   err.write_end.reset();
 
   ExecResult result;
-  if (cmd.exec_errno != 0) {
-    result.exit_code = (cmd.exec_errno == ENOENT || cmd.exec_errno == ENOTDIR) ? 127 : 126;
-    std::string msg = "dsec: exec " + prog + ": " + std::strerror(cmd.exec_errno) + "\n";
+  const double deadline = request.timeout_seconds > 0 ? start + request.timeout_seconds : 0;
+  const double start_deadline =
+      deadline > 0 ? std::min(deadline, monotonicSeconds() + kStartSeconds) : monotonicSeconds() + kStartSeconds;
+  auto started = awaitExec(cmd, start_deadline);
+  if (!started.ok()) {
+    killAndReap(cmd);
+    if (started.error().code() != ErrorCode::kTimeout) return started.error();
+    if (deadline > 0 && monotonicSeconds() >= deadline) {  // the exec's own timeout came first
+      result.timed_out = true;
+      result.exit_code = 137;
+      result.signal = SIGKILL;
+      result.duration_seconds = monotonicSeconds() - start;
+      return result;
+    }
+    return Error(ErrorCode::kConflict, "the command was stopped before it could start (by a process in sandbox " +
+                                           spec_.id + "); it was killed");
+  }
+  if (started->exec_errno != 0 && started->step != spawn_protocol::kStepExec) {
+    killAndReap(cmd);
+    return startError(request, *started);
+  }
+  if (started->exec_errno != 0) {
+    const int exec_errno = started->exec_errno;
+    killAndReap(cmd);
+    result.exit_code = (exec_errno == ENOENT || exec_errno == ENOTDIR) ? 127 : 126;
+    std::string msg = "dsec: exec " + prog + ": " + std::strerror(exec_errno) + "\n";
     if (sink != nullptr) {
       sink->onStderr(msg.data(), msg.size());
     } else {
@@ -171,10 +235,12 @@ Result<ExecResult> ContainerSandbox::run(const ExecRequest& request, ExecSink* s
   for (auto& s : streams) setNonBlocking(s.fd.get());
 
   const int64_t cap = request.output_cap;
-  const double deadline = request.timeout_seconds > 0 ? start + request.timeout_seconds : 0;
   bool killed = false;
   auto killGroup = [&] {
-    if (!killed) kill(-cmd.pid, SIGKILL);  // setsid() made the command its group's leader
+    if (!killed) {
+      kill(-cmd.pid, SIGKILL);  // setsid() made the command its group's leader
+      (void)syscall(SYS_pidfd_send_signal, cmd.pidfd.get(), SIGKILL, nullptr, 0);
+    }
     killed = true;
   };
   std::vector<char> buf(kReadChunk);

@@ -2,12 +2,15 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <linux/capability.h>
 #include <linux/openat2.h>
+#include <sys/fsuid.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <optional>
 
 namespace dsec::backends {
 namespace {
@@ -59,17 +62,53 @@ FileStat toFileStat(const std::string& name, const struct stat& st) {
   return f;
 }
 
+// For the duration of a create, the calling thread's file system ids become the sandbox root's (host id owner):
+// a sandbox in a user namespace refuses inodes owned by ids it cannot map (EOVERFLOW), and what the API creates
+// belongs to the sandbox's root anyway. setfsuid/setfsgid and capset act on the calling thread only; the
+// capabilities the fsuid change drops from the effective set are raised again (they stay permitted), so access
+// checks are still those of host root.
+class ActingOwner {
+ public:
+  explicit ActingOwner(std::optional<uint32_t> owner) : active_(owner.has_value()) {
+    if (!active_) return;
+    (void)setfsgid(*owner);
+    (void)setfsuid(*owner);
+    raiseEffective();
+  }
+  ~ActingOwner() {
+    if (!active_) return;
+    (void)setfsuid(0);
+    (void)setfsgid(0);
+    raiseEffective();
+  }
+  ActingOwner(const ActingOwner&) = delete;
+  ActingOwner& operator=(const ActingOwner&) = delete;
+
+ private:
+  static void raiseEffective() {
+    __user_cap_header_struct hdr = {_LINUX_CAPABILITY_VERSION_3, 0};
+    __user_cap_data_struct data[2] = {};
+    if (syscall(SYS_capget, &hdr, data) != 0) return;
+    for (auto& d : data) d.effective = d.permitted;
+    (void)syscall(SYS_capset, &hdr, data);
+  }
+  bool active_;
+};
+
 // Opens (creating as needed) the directory at a normalized path, one component at a time: mkdirat on a
-// single name relative to a safely resolved parent never follows a symlink.
-Result<UniqueFd> openOrMakeDir(int root_fd, const std::string& path) {
+// single name relative to a safely resolved parent never follows a symlink. What it creates belongs to owner.
+Result<UniqueFd> openOrMakeDir(int root_fd, const std::string& path, std::optional<uint32_t> owner) {
   int fd = openIn(root_fd, path, O_PATH | O_DIRECTORY);
   if (fd >= 0) return UniqueFd(fd);
   if (errno != ENOENT) return pathError(errno, "open directory", path);
   auto [parent, name] = splitLast(path);
-  DSEC_ASSIGN_OR_RETURN(UniqueFd parent_fd, openOrMakeDir(root_fd, parent));
-  if (mkdirat(parent_fd.get(), name.c_str(), 0755) < 0 && errno != EEXIST) {
-    return pathError(errno, "create directory", path);
+  DSEC_ASSIGN_OR_RETURN(UniqueFd parent_fd, openOrMakeDir(root_fd, parent, owner));
+  int made;
+  {
+    ActingOwner as_owner(owner);
+    made = mkdirat(parent_fd.get(), name.c_str(), 0755);
   }
+  if (made < 0 && errno != EEXIST) return pathError(errno, "create directory", path);
   fd = openIn(root_fd, path, O_PATH | O_DIRECTORY);
   if (fd < 0) return pathError(errno, "open directory", path);
   return UniqueFd(fd);
@@ -157,14 +196,20 @@ Result<UniqueFd> sandboxOpenForRead(int root_fd, const std::string& raw) {
   return openRegular(root_fd, path, O_RDONLY, 0);
 }
 
-Result<UniqueFd> sandboxOpenForWrite(int root_fd, const std::string& raw, uint32_t mode) {
+Result<UniqueFd> sandboxOpenForWrite(int root_fd, const std::string& raw, uint32_t mode,
+                                     std::optional<uint32_t> owner) {
   DSEC_ASSIGN_OR_RETURN(std::string path, normalizeSandboxPath(raw));
   if (path == "/") return Error::invalid("cannot write to /");
   if (mode > 07777) return Error::invalid("bad file mode");
   auto [parent, name] = splitLast(path);
-  DSEC_ASSIGN_OR_RETURN(UniqueFd parent_fd, openOrMakeDir(root_fd, parent));
+  DSEC_ASSIGN_OR_RETURN(UniqueFd parent_fd, openOrMakeDir(root_fd, parent, owner));
   (void)parent_fd;
-  DSEC_ASSIGN_OR_RETURN(UniqueFd fd, openRegular(root_fd, path, O_WRONLY | O_CREAT, mode));
+  Result<UniqueFd> opened = Error::internal("not opened");
+  {
+    ActingOwner as_owner(owner);
+    opened = openRegular(root_fd, path, O_WRONLY | O_CREAT, mode);
+  }
+  DSEC_ASSIGN_OR_RETURN(UniqueFd fd, std::move(opened));
   // Truncate only once it is known to be a regular file (O_TRUNC on a planted FIFO/device is not ours to do).
   if (ftruncate(fd.get(), 0) < 0) return Error::sys(errno, "truncate " + path);
   return fd;

@@ -3,6 +3,8 @@
 // sandbox resolves inside it and can never reach a host file, a /proc magic link or another mount.
 #pragma once
 
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -16,7 +18,10 @@ namespace dsec::backends {
 Result<std::string> normalizeSandboxPath(const std::string& path);
 
 Result<UniqueFd> sandboxOpenForRead(int root_fd, const std::string& path);
-Result<UniqueFd> sandboxOpenForWrite(int root_fd, const std::string& path, uint32_t mode);
+// Creates or truncates (parents created as needed); what it creates belongs to owner (host uid and gid of the
+// sandbox's root) when given, else to the caller.
+Result<UniqueFd> sandboxOpenForWrite(int root_fd, const std::string& path, uint32_t mode,
+                                     std::optional<uint32_t> owner = std::nullopt);
 Result<FileStat> sandboxStat(int root_fd, const std::string& path);
 Result<std::vector<FileStat>> sandboxListDir(int root_fd, const std::string& path);
 Status sandboxRemove(int root_fd, const std::string& path, bool recursive);

@@ -18,7 +18,13 @@
 
 namespace dsec::backends {
 
-enum class NetworkMode { kNone, kHost };
+// kNone: a network namespace with only loopback. kEgress: its own network namespace with a route out through the
+// node (never to the node itself). kHost: the host's network namespace, only for SPANK steps (their tasks are the
+// job user's own unprivileged processes); container sandboxes of the node API never get it.
+enum class NetworkMode { kNone, kEgress, kHost };
+const char* networkModeName(NetworkMode mode);
+// "none" | "egress" | "host"; kInvalidArgument otherwise.
+Result<NetworkMode> parseNetworkMode(const std::string& name);
 
 // CPU quality of service (docs/density.md). Latency sandboxes get dedicated cores (a cpuset inside one
 // NUMA domain, memory bound there) at normal priority; batch sandboxes share the node's pool under

@@ -52,6 +52,10 @@ struct NodeOptions {
   // cpu_exclusive_pool moves batch sandboxes off the cores dedicated to latency ones.
   bool cpu_qos = true;
   bool cpu_exclusive_pool = true;
+  // Every sandbox in a user namespace of its own (docs/security.md). false is an operator's explicit opt-out for
+  // kernels without user namespaces or idmapped mounts: sandbox root is then host root; logged and shown in
+  // /v1/node and `dsec doctor`.
+  bool user_namespaces = true;
 };
 
 class DensityLoop;

@@ -31,6 +31,7 @@ struct ServeOptions {
   int64_t memory_capacity_bytes = 0;  // 0: the node's physical memory
   bool cpu_qos = true;                // CPU QoS (docs/qos.md); false: every sandbox plain
   bool cpu_exclusive_pool = true;     // batch sandboxes leave the cores dedicated to latency ones
+  bool user_namespaces = true;        // false: the operator's opt-out (NodeOptions::user_namespaces)
 };
 
 // A running node: agent + API server on background threads. stop() (or the destructor) stops serving; the

@@ -1,8 +1,9 @@
-// Container sandboxes: new mount, PID, network, UTS, IPC and cgroup namespaces; an overlay of the layer
-// mounts with a size-limited writable upper; pivot_root; reduced capabilities and a seccomp filter.
-// PID 1 of each sandbox is dsec-sandbox-init (a tiny static binary): it sets up the root, then only reaps.
-// Exec runs from outside: a helper forked by the agent joins the namespaces and cgroup (setns through the
-// init's pidfd) and execs the command, so nothing of ours is reachable from inside the sandbox.
+// Container sandboxes: a user namespace whose root is an unprivileged host id range of the sandbox's own, new
+// mount, PID, network, UTS, IPC and cgroup namespaces; an overlay of the layer mounts (idmapped, so files keep
+// their ownership inside) with a size-limited writable upper; pivot_root; reduced capabilities, no_new_privs and a
+// seccomp filter. PID 1 of each sandbox is dsec-sandbox-init (a tiny static binary): it makes the namespaces, sets
+// up the root, then only reaps. Commands are started from outside by dsec-sandbox-spawner, which shares nothing
+// with the agent (Spawn.h), so nothing of ours is reachable from inside the sandbox.
 #pragma once
 
 #include <memory>
@@ -14,15 +15,36 @@
 
 namespace dsec::backends {
 
+enum class UserNamespaceMode {
+  // Every sandbox in a user namespace of its own; its root is a host id range no other sandbox and no host
+  // service uses. Without kernel support the backend refuses to run sandboxes (missingFeatures).
+  kPrivate,
+  // No user namespace: sandbox root is host root with reduced capabilities. For SPANK steps (their tasks run as the
+  // job's own unprivileged user) and for an operator's explicit, logged opt-out on kernels that lack support.
+  kOff,
+};
+
 struct ContainerBackendOptions {
   std::string init_path;                   // dsec-sandbox-init; default: next to the running executable
   std::string cgroup_parent = "dsec";      // cgroups live under <controller>/dsec/<id>
   int64_t default_disk_bytes = 1LL << 30;  // upper size when the spec gives none
-  int netns_pool_size = 8;                 // network namespaces made ahead of time (0 = make each in the create path)
   int init_pool_size = 4;                  // sandbox inits started ahead of time (network "none"; 0 = none)
   // CPU QoS (docs/qos.md): batch sandboxes run every process under SCHED_IDLE in a cgroup with cpu.idle and a low
   // weight; latency ones at normal priority. A spec's cpuset is applied either way. false: every sandbox is plain.
   bool cpu_qos = true;
+  UserNamespaceMode user_namespace = UserNamespaceMode::kPrivate;
+  std::string id_lease_dir = "/run/dsec/idranges";  // node-wide leases of host id ranges (UserNamespace.h)
+  uint32_t id_range_first = 0x40000000;             // first host uid/gid handed to sandboxes
+  uint32_t id_range_count = 16384;                  // ranges of 65536 ids
+  // NetworkMode::kHost is refused unless this is set (SPANK steps, whose tasks are the job user's own processes
+  // and have the host's network without dsec too).
+  bool allow_host_network = false;
+  // false: nothing is started inside through the backend (exec and spawn are refused), and dsec-sandbox-spawner is
+  // not needed. SPANK steps, whose tasks join the sandbox from slurmstepd.
+  bool commands = true;
+  // NetworkMode::kEgress: the sandbox's own network namespace with a veth to the node, routed and masqueraded to
+  // the node's uplink; nothing on the node itself, other sandboxes or link-local addresses is reachable.
+  std::string egress_subnet = "100.64.0.0/16";  // carved into /30s, one per sandbox (by id-range slot)
 };
 
 // The cgroup weight of batch sandboxes (v2 cpu.weight scale; v1 shares 102): low, so they yield to everything.

@@ -1,0 +1,274 @@
+// dsec-sandbox-spawner: starts every command that runs inside a container sandbox (src/SpawnProtocol.h has the
+// protocol and why it exists). One per backend, started by the agent on first use; it exits when the agent closes
+// its socket or dies.
+//
+// Static and C-style (no heap, no exceptions): its children are copies of it, and a copy must hold nothing but the
+// one request it serves. Buffers are wiped after every request.
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <linux/capability.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <sched.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "../src/SpawnProtocol.h"
+
+namespace {
+
+namespace proto = dsec::backends::spawn_protocol;
+
+constexpr int kMaxArgs = 65536;
+constexpr int kMaxFds = proto::kFixedFds + proto::kMaxProcsFds;
+
+sock_filter g_bpf[proto::kMaxBpfInstructions];
+uint32_t g_bpf_len = 0;
+char g_strings[proto::kMaxStringBytes + 1];
+char* g_argv[kMaxArgs + 1];
+char* g_envp[kMaxArgs + 1];
+char* g_candidates[kMaxArgs + 1];
+int g_own_pidns = -1;
+
+struct Request {
+  proto::RequestHeader header;
+  int fds[kMaxFds];
+  int nfds;
+  const char* cwd;
+};
+
+bool readFull(int fd, void* buf, size_t len) {
+  char* p = static_cast<char*>(buf);
+  while (len > 0) {
+    ssize_t n = read(fd, p, len);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    p += n;
+    len -= static_cast<size_t>(n);
+  }
+  return true;
+}
+
+bool writeFull(int fd, const void* buf, size_t len) {
+  const char* p = static_cast<const char*>(buf);
+  while (len > 0) {
+    ssize_t n = write(fd, p, len);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    p += n;
+    len -= static_cast<size_t>(n);
+  }
+  return true;
+}
+
+void closeFds(Request& r) {
+  for (int i = 0; i < r.nfds; ++i) close(r.fds[i]);
+  r.nfds = 0;
+}
+
+// Receives the header with its fds; false at EOF (the agent is gone) or on a malformed request.
+bool receiveHeader(Request& r) {
+  iovec iov = {&r.header, sizeof r.header};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFds)];
+  msghdr msg;
+  memset(&msg, 0, sizeof msg);
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  ssize_t n;
+  do {
+    n = recvmsg(proto::kChannelFd, &msg, MSG_CMSG_CLOEXEC | MSG_WAITALL);
+  } while (n < 0 && errno == EINTR);
+  r.nfds = 0;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < count && r.nfds < kMaxFds; ++i)
+      memcpy(&r.fds[r.nfds++], CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+  }
+  if (n != static_cast<ssize_t>(sizeof r.header) || (msg.msg_flags & MSG_CTRUNC) != 0) return false;
+  return r.header.magic == proto::kRequestMagic;
+}
+
+// Splits count NUL-terminated strings starting at *pos into out; false if they run past end.
+bool takeStrings(char** pos, const char* end, uint32_t count, char** out) {
+  if (count > kMaxArgs) return false;
+  for (uint32_t i = 0; i < count; ++i) {
+    char* s = *pos;
+    char* nul = static_cast<char*>(memchr(s, '\0', static_cast<size_t>(end - s)));
+    if (nul == nullptr) return false;
+    out[i] = s;
+    *pos = nul + 1;
+  }
+  out[count] = nullptr;
+  return true;
+}
+
+bool receiveStrings(Request& r) {
+  const proto::RequestHeader& h = r.header;
+  if (h.string_bytes > proto::kMaxStringBytes || h.nprocs > proto::kMaxProcsFds) return false;
+  if (r.nfds != static_cast<int>(proto::kFixedFds + h.nprocs)) return false;
+  if (!readFull(proto::kChannelFd, g_strings, h.string_bytes)) return false;
+  g_strings[h.string_bytes] = '\0';
+  char* pos = g_strings;
+  const char* end = g_strings + h.string_bytes;
+  if (h.argc == 0 || !takeStrings(&pos, end, h.argc, g_argv) || !takeStrings(&pos, end, h.envc, g_envp) ||
+      !takeStrings(&pos, end, h.ncandidates, g_candidates)) {
+    return false;
+  }
+  char* cwd[2];
+  if (!takeStrings(&pos, end, 1, cwd)) return false;
+  r.cwd = cwd[0];
+  return pos == end;
+}
+
+[[noreturn]] void childFail(int status_fd, int32_t step) {
+  proto::ChildFailure f = {step, errno};
+  (void)writeFull(status_fd, &f, sizeof f);
+  _exit(127);
+}
+
+// The command's side: everything between the clone and the exec.
+[[noreturn]] void runChild(const Request& r) {
+  const proto::RequestHeader& h = r.header;
+  const int init_pidfd = r.fds[0];
+  const int status_fd = r.fds[4];
+  close(proto::kChannelFd);  // the agent's channel is no business of the command's
+  // Into the sandbox cgroup first, while still host root (the files are the host's).
+  for (uint32_t i = 0; i < h.nprocs; ++i) {
+    if (write(r.fds[proto::kFixedFds + i], "0", 1) != 1) childFail(status_fd, proto::kStepCgroup);
+  }
+  // The spawner's own OOM protection must not be inherited by sandbox workloads.
+  int oom_fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+  if (oom_fd >= 0) {
+    (void)!write(oom_fd, "0", 1);
+    close(oom_fd);
+  }
+  // One setns joins every namespace at once: the user namespace first, then the rest with its credentials. The
+  // mount namespace brings the root and cwd to the sandbox's root (what its init pivoted to).
+  int ns = h.namespace_flags | ((h.flags & proto::kUserNamespace) != 0 ? CLONE_NEWUSER : 0);
+  if (setns(init_pidfd, ns) < 0) childFail(status_fd, proto::kStepSetns);
+  if ((h.flags & proto::kUserNamespace) != 0) {
+    if (setresgid(0, 0, 0) < 0 || setgroups(0, nullptr) < 0 || setresuid(0, 0, 0) < 0) {
+      childFail(status_fd, proto::kStepIds);
+    }
+  }
+  // Its own session and process group: a timeout kills the whole group, and nothing of the agent's terminal or
+  // job control leaks in.
+  if (setsid() < 0) childFail(status_fd, proto::kStepSetsid);
+  if (dup2(r.fds[1], 0) < 0 || dup2(r.fds[2], 1) < 0 || dup2(r.fds[3], 2) < 0) childFail(status_fd, proto::kStepFds);
+  umask(022);
+  if (chdir(r.cwd) < 0) childFail(status_fd, proto::kStepChdir);
+  for (int sig = 1; sig < NSIG; ++sig) {
+    if (sig == SIGKILL || sig == SIGSTOP) continue;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = SIG_DFL;
+    sigaction(sig, &sa, nullptr);  // fails harmlessly for the signals libc reserves
+  }
+  // Batch sandboxes: SCHED_IDLE, inherited by everything the command forks; without CAP_SYS_NICE (dropped below)
+  // and with RLIMIT_NICE 0 the command cannot leave it.
+  if (h.sched_policy >= 0) {
+    sched_param param;
+    memset(&param, 0, sizeof param);
+    if (sched_setscheduler(0, h.sched_policy, &param) < 0) childFail(status_fd, proto::kStepSched);
+  }
+  for (int cap = 0; cap <= 63; ++cap) {
+    if ((h.keep_caps >> cap) & 1) continue;
+    if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0) {
+      if (errno == EINVAL) break;  // past the kernel's last capability
+      childFail(status_fd, proto::kStepCaps);
+    }
+  }
+  if (prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) < 0) childFail(status_fd, proto::kStepCaps);
+  __user_cap_header_struct hdr = {_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct data[2];
+  for (int i = 0; i < 2; ++i) {
+    auto bits = static_cast<uint32_t>(h.keep_caps >> (32 * i));
+    data[i].effective = bits;
+    data[i].permitted = bits;
+    data[i].inheritable = bits;
+  }
+  if (syscall(SYS_capset, &hdr, data) < 0) childFail(status_fd, proto::kStepCaps);
+  if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) childFail(status_fd, proto::kStepNoNewPrivs);
+  if (g_bpf_len > 0) {
+    sock_fprog prog;
+    prog.len = static_cast<unsigned short>(g_bpf_len);
+    prog.filter = g_bpf;
+    if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog, 0, 0) < 0) childFail(status_fd, proto::kStepSeccomp);
+  }
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, nullptr);
+  int err = ENOENT;
+  bool denied = false;
+  for (char* const* c = g_candidates; *c != nullptr; ++c) {
+    execve(*c, g_argv, g_envp);
+    err = errno;
+    if (err == EACCES) {
+      denied = true;
+    } else if (err != ENOENT && err != ENOTDIR && err != ESTALE && err != ELOOP && err != ENAMETOOLONG) {
+      break;
+    }
+  }
+  errno = denied && (err == ENOENT || err == ENOTDIR) ? EACCES : err;
+  childFail(status_fd, proto::kStepExec);
+}
+
+// Clones the child into the sandbox's pid namespace; returns its pid (in ours) or -errno.
+int spawnOne(const Request& r) {
+  if (setns(r.fds[0], CLONE_NEWPID) < 0) return -errno;
+  long pid = syscall(SYS_clone, CLONE_PARENT | SIGCHLD, nullptr, nullptr, nullptr, 0);
+  if (pid == 0) runChild(r);
+  int err = errno;
+  // Back to our own pid namespace for children; failing that, we would start the next command in the wrong
+  // sandbox: stop instead (the agent starts a new spawner).
+  if (setns(g_own_pidns, CLONE_NEWPID) < 0) _exit(3);
+  return pid < 0 ? -err : static_cast<int>(pid);
+}
+
+}  // namespace
+
+int main() {
+  // Nothing of ours may be read through /proc or ptrace, and we go when the agent goes.
+  prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+  prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+  if (getppid() == 1) return 1;
+  signal(SIGPIPE, SIG_IGN);
+  g_own_pidns = open("/proc/self/ns/pid", O_RDONLY | O_CLOEXEC);
+  if (g_own_pidns < 0) return 2;
+  proto::SetupHeader setup;
+  if (!readFull(proto::kChannelFd, &setup, sizeof setup) || setup.magic != proto::kSetupMagic ||
+      setup.bpf_len > proto::kMaxBpfInstructions ||
+      !readFull(proto::kChannelFd, g_bpf, setup.bpf_len * sizeof(sock_filter))) {
+    return 2;
+  }
+  g_bpf_len = setup.bpf_len;
+  for (;;) {
+    Request r;
+    memset(&r, 0, sizeof r);
+    bool ok = receiveHeader(r);
+    if (!ok && r.nfds == 0 && r.header.magic == 0) return 0;  // EOF: the agent closed the channel
+    proto::Reply reply = {0, EPROTO};
+    if (ok && receiveStrings(r)) {
+      int pid = spawnOne(r);
+      reply.pid = pid > 0 ? pid : 0;
+      reply.err = pid > 0 ? 0 : -pid;
+    } else {
+      closeFds(r);
+      memset(g_strings, 0, sizeof g_strings);
+      return 2;  // a malformed request: the stream is out of step, so stop (the agent starts a new one)
+    }
+    closeFds(r);
+    // What this request said must not be in the next child's copy of us.
+    memset(g_strings, 0, r.header.string_bytes + 1);
+    if (!writeFull(proto::kChannelFd, &reply, sizeof reply)) return 0;
+  }
+}

@@ -1,0 +1,71 @@
+// User namespaces of container sandboxes: every sandbox's root is mapped to a host id range that no other
+// sandbox and no host service uses, and the layers appear inside with their own ownership through idmapped
+// mounts.
+//
+// Ranges are leased node-wide (every agent, CLI and test on a node shares one lease directory): a range is in use
+// while its lease file is locked (flock). The lock is held by the sandbox's init, which inherits the locked file
+// description, so a range is busy exactly as long as its sandbox lives, through agent restarts, and is free again
+// the moment the sandbox's last process is gone.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <mutex>
+#include <string>
+
+#include "dsec/common/Fd.h"
+#include "dsec/common/Result.h"
+
+namespace dsec::backends {
+
+// 65536 ids per sandbox: root (0), the ids Debian's packages use, and nobody (65534).
+constexpr uint32_t kIdRangeSize = 65536;
+
+struct IdRangeOptions {
+  std::string lease_dir = "/run/dsec/idranges";
+  uint32_t first_host_id = 0x40000000;  // 1073741824: far above login users and the usual subordinate ranges
+  uint32_t count = 16384;               // ranges available (16384 * 65536 ids end at 2^31)
+};
+
+// A leased range; the lock lives in lock_fd (and in every copy of that file description).
+struct IdRangeLease {
+  uint32_t slot = 0;
+  uint32_t host_base = 0;  // host uid and gid of the sandbox's root
+  UniqueFd lock_fd;
+};
+
+class IdRangeAllocator {
+ public:
+  explicit IdRangeAllocator(IdRangeOptions options);
+  // Checks the options and makes the lease directory.
+  Status prepare();
+  // A range nobody holds now; kResourceExhausted when all are taken.
+  Result<IdRangeLease> acquire();
+  const IdRangeOptions& options() const { return options_; }
+
+ private:
+  IdRangeOptions options_;
+  std::mutex mu_;
+  uint32_t next_ = 0;  // where the next search starts (ranges are reused last)
+};
+
+// Writes "0 BASE 65536" to /proc/PID/uid_map and gid_map (PID made a user namespace and waits for them).
+Status writeIdMaps(pid_t pid, uint32_t host_base);
+// The host id that root of the user namespace of PID maps to (read from its uid_map); kNotFound if none.
+Result<uint32_t> hostRootOf(pid_t pid);
+
+// A detached copy of the mount at dir (read-only when asked, always nosuid and nodev), idmapped to the user
+// namespace userns_fd when that is valid: files owned by 0 on disk appear owned by the namespace's root, and
+// files its root creates are stored as 0. The caller attaches it (move_mount) or closes it.
+Result<UniqueFd> detachedMount(const std::string& dir, int userns_fd, bool read_only);
+
+// Whether this kernel has user namespaces and idmapped mounts on a file system like the layers' (checked once by
+// trying, in throw-away children).
+struct UserNamespaceSupport {
+  std::string problem;             // empty when usable, else what is missing
+  bool unprivileged_owner = true;  // an unprivileged id may make them (else only root: some hosts restrict it)
+};
+UserNamespaceSupport probeUserNamespaces(const std::string& probe_dir);
+
+}  // namespace dsec::backends

@@ -1,0 +1,195 @@
+// Attack: a sandbox reaching what it must not through the network. No sandbox shares the node's network namespace;
+// a sandbox with egress reaches the world through the node, but never the node itself (its addresses, its
+// loopback services), another sandbox, or a link-local (metadata) address.
+//
+// "The world" is a network namespace this test makes on the node: a veth routed from the node (198.18.N.0/30, a
+// benchmarking range), with a TCP service on it that answers "hi", and the same service on a link-local address
+// routed the same way. The node runs the same service on all its addresses.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <sched.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <random>
+#include <string>
+#include <thread>
+
+#include "../backends/container/ContainerTestSupport.h"
+#include "dsec/common/Fd.h"
+#include "dsec/common/Process.h"
+#include "dsec/common/Strings.h"
+
+namespace dsec::testing {
+namespace {
+
+// A TCP service answering "hi\n" to every connection, on a socket made in some network namespace.
+class HiService {
+ public:
+  explicit HiService(UniqueFd listener) : fd_(std::move(listener)) {
+    thread_ = std::thread([this] {
+      while (!stop_) {
+        int c = ::accept4(fd_.get(), nullptr, nullptr, SOCK_CLOEXEC);
+        if (c < 0) continue;
+        (void)!::write(c, "hi\n", 3);
+        ::close(c);
+      }
+    });
+  }
+  ~HiService() {
+    stop_ = true;
+    ::shutdown(fd_.get(), SHUT_RDWR);
+    thread_.join();
+  }
+  HiService(const HiService&) = delete;
+  HiService& operator=(const HiService&) = delete;
+
+ private:
+  UniqueFd fd_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+// A listening socket on 0.0.0.0:port in the network namespace at netns_path ("" = ours).
+UniqueFd listenIn(const std::string& netns_path, int port) {
+  UniqueFd result;
+  std::thread([&] {
+    UniqueFd home(::open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC));
+    if (!netns_path.empty()) {
+      UniqueFd ns(::open(netns_path.c_str(), O_RDONLY | O_CLOEXEC));
+      if (!ns || ::setns(ns.get(), CLONE_NEWNET) != 0) return;
+    }
+    UniqueFd s(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    int one = 1;
+    ::setsockopt(s.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    if (::bind(s.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 && ::listen(s.get(), 64) == 0) {
+      result = std::move(s);
+    }
+    (void)::setns(home.get(), CLONE_NEWNET);
+  }).join();
+  return result;
+}
+
+class NetworkTest : public ContainerTest {
+ protected:
+  void SetUp() override {
+    ContainerTest::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
+    if (findProgram("ip").empty()) GTEST_SKIP() << "iproute2 (ip) is needed to build the test's outside network";
+    std::mt19937 rng(std::random_device{}());
+    tag_ = std::to_string(rng() % 100000);
+    const int block = static_cast<int>(rng() % 60) * 4;
+    world_ = "198.18.1." + std::to_string(block + 2);
+    node_side_ = "198.18.1." + std::to_string(block + 1);
+    port_ = 20000 + static_cast<int>(rng() % 20000);
+    netns_ = "dsec-world-" + tag_;
+    const std::string host_if = "dswh" + tag_, world_if = "dsww" + tag_;
+    for (const auto& cmd : std::vector<std::vector<std::string>>{
+             {"ip", "netns", "add", netns_},
+             {"ip", "link", "add", host_if, "type", "veth", "peer", "name", world_if, "netns", netns_},
+             {"ip", "addr", "add", node_side_ + "/30", "dev", host_if},
+             {"ip", "link", "set", host_if, "up"},
+             {"ip", "-n", netns_, "addr", "add", world_ + "/30", "dev", world_if},
+             {"ip", "-n", netns_, "addr", "add", kMetadata + std::string("/32"), "dev", world_if},
+             {"ip", "-n", netns_, "link", "set", world_if, "up"},
+             {"ip", "-n", netns_, "link", "set", "lo", "up"},
+             {"ip", "-n", netns_, "route", "add", "default", "via", node_side_},
+             {"ip", "route", "add", kMetadata + std::string("/32"), "via", world_}}) {
+      auto r = runCommandChecked(cmd);
+      ASSERT_OK(r);
+    }
+    world_service_ = std::make_unique<HiService>(listenIn("/run/netns/" + netns_, port_));
+    node_service_ = std::make_unique<HiService>(listenIn("", port_));
+  }
+  void TearDown() override {
+    world_service_.reset();
+    node_service_.reset();
+    if (!netns_.empty()) {
+      (void)runCommand({"ip", "route", "del", kMetadata + std::string("/32")});
+      (void)runCommand({"ip", "netns", "del", netns_});  // the veth goes with it
+    }
+    ContainerTest::TearDown();
+  }
+
+  backends::Sandbox& createNet(backends::NetworkMode mode) {
+    auto spec = makeSpec();
+    spec.network = mode;
+    return create(spec);
+  }
+  // "hi" if the sandbox reached addr:port, else what nc said.
+  std::string connect(backends::Sandbox& sb, const std::string& addr, int port) {
+    auto r = sh(sb, "echo | nc -w 3 " + addr + " " + std::to_string(port) + " 2>&1", 30);
+    return trim(r.stdout_data);
+  }
+
+  static constexpr const char* kMetadata = "169.254.77.1";
+  std::string tag_, netns_, world_, node_side_;
+  int port_ = 0;
+  std::unique_ptr<HiService> world_service_, node_service_;
+};
+
+std::string nodeAddress() {
+  auto r = runCommandChecked({"ip", "-4", "-o", "route", "get", "192.0.2.123"});
+  if (!r.ok()) return "";
+  auto parts = split(trim(*r), ' ');
+  for (size_t i = 0; i + 1 < parts.size(); ++i) {
+    if (parts[i] == "src") return parts[i + 1];
+  }
+  return "";
+}
+
+TEST_F(NetworkTest, HostNetworkIsRefused) {
+  auto spec = makeSpec();
+  spec.network = backends::NetworkMode::kHost;
+  auto made = backend_->create(spec);
+  ASSERT_FALSE(made.ok()) << "a sandbox got the node's network namespace";
+  EXPECT_EQ(made.error().code(), ErrorCode::kInvalidArgument) << made.error().toString();
+}
+
+TEST_F(NetworkTest, EgressReachesTheWorldButNotTheNodeOtherSandboxesOrMetadata) {
+  auto& a = createNet(backends::NetworkMode::kEgress);
+  auto& b = createNet(backends::NetworkMode::kEgress);
+  // The world answers: the route out works (masqueraded by the node).
+  EXPECT_EQ(connect(a, world_, port_), "hi") << "egress did not reach the outside network";
+  // The node does not, on any of its addresses: its side of the link, its uplink address, its loopback.
+  auto link = sh(a, "ip route | awk '/default/ {print $3}'");
+  const std::string gateway = trim(link.stdout_data);
+  ASSERT_FALSE(gateway.empty()) << link.stdout_data << link.stderr_data;
+  EXPECT_NE(connect(a, gateway, port_), "hi") << "the sandbox reached a service on the node through its link";
+  EXPECT_NE(connect(a, node_side_, port_), "hi") << "the sandbox reached a service on a node address";
+  const std::string uplink = nodeAddress();
+  if (!uplink.empty()) {
+    EXPECT_NE(connect(a, uplink, port_), "hi") << "the sandbox reached the node's uplink address";
+  }
+  EXPECT_NE(connect(a, "127.0.0.1", port_), "hi") << "loopback inside is not the node's";
+  // A link-local (metadata) address beyond the node is dropped, though the world serves it.
+  EXPECT_NE(connect(a, kMetadata, port_), "hi") << "the sandbox reached a link-local address";
+  // Another sandbox is out of reach, even with a service listening.
+  auto b_addr = trim(sh(b, "ip addr show eth0 | grep 'inet ' | awk '{print $2}' | cut -d/ -f1").stdout_data);
+  ASSERT_FALSE(b_addr.empty());
+  sh(b, "(while true; do echo hi | nc -l -p 7777; done) >/dev/null 2>&1 & sleep 0.5");
+  EXPECT_NE(connect(a, b_addr, 7777), "hi") << "one sandbox reached another";
+  EXPECT_EQ(connect(b, "127.0.0.1", 7777), "hi") << "the service in b is not up, so the check above proves nothing";
+}
+
+TEST_F(NetworkTest, SandboxesSeeOnlyTheirOwnNetwork) {
+  auto& none = createNet(backends::NetworkMode::kNone);
+  auto& egress = createNet(backends::NetworkMode::kEgress);
+  // Only loopback (and the sandbox's own link): no interface of the node to sniff or configure.
+  auto r = sh(none, "ls /sys/class/net 2>/dev/null || cat /proc/net/dev | tail -n +3 | cut -d: -f1");
+  EXPECT_EQ(trim(r.stdout_data), "lo") << r.stdout_data;
+  r = sh(egress, "cat /proc/net/dev | tail -n +3 | cut -d: -f1 | tr -d ' ' | sort | tr '\\n' ' '");
+  EXPECT_EQ(trim(r.stdout_data), "eth0 lo") << r.stdout_data;
+  EXPECT_NE(connect(none, world_, port_), "hi") << "a sandbox without a network reached the outside";
+  // Even a packet socket sees only the sandbox's own interfaces; and configuring them is refused (no NET_ADMIN).
+  r = sh(egress, "ip link set eth0 down 2>&1; ip link add x type dummy 2>&1; ip addr add 10.9.9.9/32 dev eth0 2>&1");
+  EXPECT_EQ(connect(egress, world_, port_), "hi") << "the sandbox reconfigured its link: " << r.stdout_data;
+}
+
+}  // namespace
+}  // namespace dsec::testing
