@@ -12,41 +12,32 @@
 #include <cerrno>
 #include <cstring>
 
+#include "SandboxPath.h"
 #include "dsec/common/Fd.h"
 #include "dsec/common/Strings.h"
 
 namespace dsec::spank {
 namespace {
 
-enum ChildStep : int {
-  kOk = 0,
-  kSetns,
-  kChroot,
-  kOpenRoot,
-  kResolveTarget,
-  kOutsideRoot,
-  kMkdir,
-  kCreateFile,
-  kMoveMount
+enum ChildStep : int { kOk = 0, kSetns, kChroot, kOpenRoot, kTarget, kMoveMount };
+
+struct Report {
+  int index = -1;
+  int step = kOk;
+  int err = 0;
+  SandboxPathResult target;  // step kTarget: where the walk failed
 };
 
-const char* stepName(int step) {
-  switch (step) {
+std::string stepName(const Report& r) {
+  switch (r.step) {
     case kSetns:
       return "join the sandbox's mount namespace";
     case kChroot:
       return "enter the sandbox root";
     case kOpenRoot:
       return "open the sandbox root";
-    case kResolveTarget:
-      return "resolve the target";
-    case kOutsideRoot:
-      return "create the target inside another mount (only the sandbox's own root file system gets new "
-             "directories and files: create it in that mount's source first)";
-    case kMkdir:
-      return "create the target directory";
-    case kCreateFile:
-      return "create the target file";
+    case kTarget:
+      return std::string("target: ") + sandboxPathStepName(r.target.step);
     case kMoveMount:
       return "attach the mount";
     default:
@@ -54,93 +45,38 @@ const char* stepName(int step) {
   }
 }
 
-struct Report {
-  int index = -1;
-  int component = -1;  // of the target path, for the message
-  int step = kOk;
-  int err = 0;
-};
-
 // Everything the child needs, prepared before fork (the child must not allocate).
 struct Prepared {
   UniqueFd tree;
   bool is_dir = true;
-  std::vector<std::string> components;  // of the target, outermost first
+  std::string target;                   // normalised, absolute
+  std::vector<std::string> components;  // of the target, outermost first (for messages)
 };
 
-[[noreturn]] void childFail(int report_fd, int index, int component, int step) {
-  Report r{index, component, step, errno};
+[[noreturn]] void childFail(int report_fd, int index, int step, SandboxPathResult target = {}) {
+  Report r{index, step, step == kTarget ? target.err : errno, target};
   ssize_t ignored = write(report_fd, &r, sizeof r);
   (void)ignored;
   _exit(1);
 }
 
-int openBeneath(int dir_fd, const char* name, uint64_t flags) {
-  open_how how{};
-  how.flags = flags | O_PATH | O_CLOEXEC;
-  how.resolve = RESOLVE_NO_MAGICLINKS;
-  return static_cast<int>(syscall(SYS_openat2, dir_fd, name, &how, sizeof how));
-}
-
-bool mountIdOf(int fd, uint64_t* id) {
-  struct statx stx {};
-  if (statx(fd, "", AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW, STATX_MNT_ID, &stx) < 0) return false;
-  if ((stx.stx_mask & STATX_MNT_ID) == 0) {
-    errno = ENOSYS;
-    return false;
-  }
-  *id = stx.stx_mnt_id;
-  return true;
-}
-
-// Opens (creating it if missing, on the root mount only) one component below dir_fd. Returns the new fd.
-int stepInto(int dir_fd, const char* name, bool want_dir, uint64_t root_mount, int report_fd, int index,
-             int component) {
-  for (int attempt = 0; attempt < 2; ++attempt) {
-    int fd = openBeneath(dir_fd, name, want_dir ? O_DIRECTORY : 0);
-    if (fd >= 0) return fd;
-    if (errno != ENOENT || attempt > 0) childFail(report_fd, index, component, kResolveTarget);
-    uint64_t here = 0;
-    if (!mountIdOf(dir_fd, &here)) childFail(report_fd, index, component, kResolveTarget);
-    if (here != root_mount) {
-      errno = EXDEV;
-      childFail(report_fd, index, component, kOutsideRoot);
-    }
-    if (want_dir) {
-      if (mkdirat(dir_fd, name, 0755) < 0 && errno != EEXIST) childFail(report_fd, index, component, kMkdir);
-    } else {
-      int created = openat(dir_fd, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-      if (created < 0 && errno != EEXIST) childFail(report_fd, index, component, kCreateFile);
-      if (created >= 0) close(created);
-    }
-  }
-  childFail(report_fd, index, component, kResolveTarget);
-}
-
 [[noreturn]] void child(int init_pidfd, int root_fd, const std::vector<Prepared>& items, int report_fd) {
-  if (setns(init_pidfd, CLONE_NEWNS) < 0) childFail(report_fd, -1, -1, kSetns);
-  if (fchdir(root_fd) < 0 || chroot(".") < 0 || chdir("/") < 0) childFail(report_fd, -1, -1, kChroot);
+  if (setns(init_pidfd, CLONE_NEWNS) < 0) childFail(report_fd, -1, kSetns);
+  if (fchdir(root_fd) < 0 || chroot(".") < 0 || chdir("/") < 0) childFail(report_fd, -1, kChroot);
   umask(022);
   int root = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
   uint64_t root_mount = 0;
-  if (root < 0 || !mountIdOf(root, &root_mount)) childFail(report_fd, -1, -1, kOpenRoot);
+  if (root < 0 || !mountIdOf(root, &root_mount)) childFail(report_fd, -1, kOpenRoot);
   for (size_t i = 0; i < items.size(); ++i) {
     const Prepared& p = items[i];
     const int index = static_cast<int>(i);
     // Each target is walked afresh from the root: an earlier mount may sit on its way.
-    int dir = dup(root);
-    if (dir < 0) childFail(report_fd, index, -1, kOpenRoot);
-    for (size_t c = 0; c < p.components.size(); ++c) {
-      bool last = c + 1 == p.components.size();
-      int next =
-          stepInto(dir, p.components[c].c_str(), !last || p.is_dir, root_mount, report_fd, index, static_cast<int>(c));
-      close(dir);
-      dir = next;
+    SandboxPathResult target = openOrCreateInSandbox(root, root_mount, p.target.c_str(), p.is_dir);
+    if (target.fd < 0) childFail(report_fd, index, kTarget, target);
+    if (move_mount(p.tree.get(), "", target.fd, "", MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH) < 0) {
+      childFail(report_fd, index, kMoveMount);
     }
-    if (move_mount(p.tree.get(), "", dir, "", MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH) < 0) {
-      childFail(report_fd, index, -1, kMoveMount);
-    }
-    close(dir);
+    close(target.fd);
   }
   _exit(0);
 }
@@ -191,6 +127,7 @@ Status bindIntoSandbox(int init_pidfd, int root_fd, const std::vector<BindReques
       if (part.empty() || part == ".") continue;
       if (part == "..") return Error::invalid(what + ": the target must not contain '..'");
       p.components.push_back(part);
+      p.target += "/" + part;
     }
     if (p.components.empty()) return Error::invalid(what + ": cannot mount over the sandbox's root");
     items.push_back(std::move(p));
@@ -217,13 +154,13 @@ Status bindIntoSandbox(int init_pidfd, int root_fd, const std::vector<BindReques
       const MountSpec& m = mounts[static_cast<size_t>(r.index)].mount;
       what = "mount " + m.source + ":" + m.target;
       const auto& parts = items[static_cast<size_t>(r.index)].components;
-      if (r.component >= 0 && static_cast<size_t>(r.component) < parts.size()) {
+      if (r.step == kTarget && r.target.component >= 0 && static_cast<size_t>(r.target.component) < parts.size()) {
         std::string at;
-        for (int c = 0; c <= r.component; ++c) at += "/" + parts[static_cast<size_t>(c)];
+        for (int c = 0; c <= r.target.component; ++c) at += "/" + parts[static_cast<size_t>(c)];
         what += " (at " + at + ")";
       }
     }
-    return Error::sys(r.err, what + ": " + stepName(r.step));
+    return Error::sys(r.err, what + ": " + stepName(r));
   }
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) return Error::internal("mount helper failed without a report");
   return okStatus();

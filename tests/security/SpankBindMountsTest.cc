@@ -2,7 +2,8 @@
 // in its own mount namespace whose "root" is a tmpfs. Checked: every bind is nosuid and nodev (read-only with
 // :ro) and private; a user's source is opened as the user; and root, which creates missing targets, creates
 // nothing inside another bind (where it would write into a host directory the user named but may not write),
-// not even when a symlink on the sandbox's root leads there.
+// not even when a symlink on the sandbox's root leads there. The same walk (SandboxPath.h) makes the job's
+// working directory in a sandbox, and is checked on its own at the end.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sched.h>
@@ -13,11 +14,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <sstream>
 
 #include "BindMounts.h"
+#include "SandboxPath.h"
 #include "dsec/common/Strings.h"
 #include "dsec/testing/TestSupport.h"
 
@@ -185,6 +188,42 @@ TEST_F(BindMountsTest, NestedBindOntoAnExistingDirectory) {
   auto mounts = sandbox_->mountOptions();
   ASSERT_TRUE(mounts.count("/a/sub"));
   EXPECT_TRUE(hasOption(mounts["/a/sub"], "nosuid"));
+}
+
+// The walk itself, from the stand-in's root (no chroot here: paths without symlinks).
+TEST_F(BindMountsTest, WalkCreatesOnTheRootMountOnly) {
+  ASSERT_OK(sandbox_->bind({user("rootdir", "/a")}));
+  UniqueFd root(open(sandbox_->inside(host_ + "/root").c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+  ASSERT_TRUE(root.valid());
+  uint64_t root_mount = 0;
+  ASSERT_TRUE(mountIdOf(root.get(), &root_mount));
+
+  SandboxPathResult made = openOrCreateInSandbox(root.get(), root_mount, "//new/./dir/", true);
+  ASSERT_GE(made.fd, 0) << sandboxPathStepName(made.step) << ": " << strerror(made.err);
+  close(made.fd);
+  struct stat st {};
+  EXPECT_EQ(stat(sandbox_->inside(host_ + "/root/new/dir").c_str(), &st), 0);
+  EXPECT_TRUE(S_ISDIR(st.st_mode));
+  made = openOrCreateInSandbox(root.get(), root_mount, "/new/file", false);
+  ASSERT_GE(made.fd, 0) << sandboxPathStepName(made.step);
+  close(made.fd);
+  EXPECT_EQ(stat(sandbox_->inside(host_ + "/root/new/file").c_str(), &st), 0);
+  EXPECT_TRUE(S_ISREG(st.st_mode));
+  // Existing paths inside a bind open; missing ones are not made there.
+  made = openOrCreateInSandbox(root.get(), root_mount, "/a", true);
+  ASSERT_GE(made.fd, 0);
+  close(made.fd);
+  made = openOrCreateInSandbox(root.get(), root_mount, "/a/x/y", true);
+  EXPECT_LT(made.fd, 0);
+  EXPECT_EQ(made.step, SandboxPathStep::kOutsideRoot);
+  EXPECT_EQ(made.component, 1);
+  EXPECT_FALSE(onHost("rootdir/x"));
+  made = openOrCreateInSandbox(root.get(), root_mount, "/new/../a/z", true);
+  EXPECT_LT(made.fd, 0);
+  EXPECT_EQ(made.step, SandboxPathStep::kBadPath);
+  made = openOrCreateInSandbox(root.get(), root_mount, ("/" + std::string(300, 'n')).c_str(), true);
+  EXPECT_EQ(made.step, SandboxPathStep::kBadPath);
+  EXPECT_EQ(made.err, ENAMETOOLONG);
 }
 
 }  // namespace

@@ -212,8 +212,8 @@ t_mount_flags() {
     [[ ",$opts," == *,ro,* && ",$opts," == *,nosuid,* && ",$opts," == *,nodev,* ]] || { show; fail "the batch script's directory has options $opts, want ro,nosuid,nodev"; }
 }
 
-# Targets: root creates missing target directories and files only on the sandbox's own root, never inside
-# another bind, where they would land in a host directory the user may not write.
+# Targets and the job's working directory: root creates missing directories and files only on the sandbox's
+# own root, never inside another bind, where they would land in a host directory the user may not write.
 t_target_in_foreign_mount() {
     mkdir "$WORK/rootdir"
     chmod 755 "$WORK/rootdir"
@@ -225,6 +225,14 @@ t_target_in_foreign_mount() {
     run "${AS_USER[@]}" srun -N1 --dsec-image=$IMAGE --dsec-mount="$WORK/rootdir:/a" --dsec-mount="$mine/f:/a/newfile" true
     expect_refused "a target file inside a bind of a root-owned directory" "/a/newfile" "inside another mount"
     [ ! -e "$WORK/rootdir/newfile" ] || fail "ROOT WROTE: $WORK/rootdir/newfile was created on the host"
+    # The job's working directory (a host path the user picks) is made in the sandbox for slurmstepd to chdir
+    # to, but not inside a bind: here the bind of the root-owned directory sits on the way to it.
+    runuser -u "$TEST_USER" -- mkdir -p "$mine/cwd"
+    run "${AS_USER[@]}" srun -N1 --chdir="$mine/cwd" --dsec-image=$IMAGE --dsec-mount="$WORK/rootdir:$WORK" true
+    [ ! -e "$WORK/rootdir/$(basename "$mine")" ] || { show; fail "ROOT WROTE: the job's working directory was made in $WORK/rootdir"; }
+    run "${AS_USER[@]}" srun -N1 --chdir="$mine/cwd" --dsec-image=$IMAGE ls -d "$mine/cwd"
+    expect_ok "a working directory on the sandbox's root"
+    expect_out "^$mine/cwd\$" "the working directory is made on the sandbox's root"
     # Nested binds onto targets that exist still work.
     local outer; outer=$(user_dir)
     runuser -u "$TEST_USER" -- mkdir "$outer/sub"
