@@ -7,7 +7,9 @@
 //    A failure (unknown layer, missing mount source ...) is only recorded: failing here would drain the node
 //    for a user's mistake.
 //  - each task, slurm_spank_task_init_privileged (root): a recorded failure fails the task with the message
-//    (srun prints it and exits non-zero; a batch job fails); otherwise the task joins the sandbox.
+//    (srun prints it and exits non-zero; a batch job fails); otherwise the task joins the sandbox and is held
+//    to the sandbox's bounding set, no_new_privs and seccomp filter (TaskLockdown.h) before Slurm drops to
+//    the job's user.
 //  - each task, slurm_spank_task_init (the user): fork into the sandbox's PID namespace (see TaskJoin.h).
 //  - slurmstepd, slurm_spank_exit: the sandbox is destroyed, however the step ended.
 //  - job epilog (root, per node): sandboxes of the job that a killed slurmstepd left behind are reaped.
@@ -19,6 +21,8 @@ extern "C" {
 }
 
 #include <errno.h>
+#include <grp.h>
+#include <pwd.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -28,9 +32,11 @@ extern "C" {
 #include <string>
 #include <vector>
 
+#include "MountSource.h"
 #include "SpankConfig.h"
 #include "StepSandbox.h"
 #include "TaskJoin.h"
+#include "TaskLockdown.h"
 #include "dsec/common/Logging.h"
 
 extern "C" {
@@ -158,6 +164,41 @@ std::string shortHostname() {
   return s;
 }
 
+// The job's user and groups, as slurmstepd gives them to the tasks: --dsec-mount sources are opened with
+// them. Slurm 22.05 sends the supplementary groups with the launch; if it did not, they come from the
+// user database the way slurmstepd's initgroups() would find them.
+Result<JobCredentials> jobCredentials(spank_t sp) {
+  JobCredentials creds;
+  if (spank_get_item(sp, S_JOB_UID, &creds.uid) != ESPANK_SUCCESS ||
+      spank_get_item(sp, S_JOB_GID, &creds.gid) != ESPANK_SUCCESS) {
+    return Error::internal("cannot read the job's uid and gid from Slurm");
+  }
+  gid_t* gids = nullptr;
+  int ngids = 0;
+  if (spank_get_item(sp, S_JOB_SUPPLEMENTARY_GIDS, &gids, &ngids) == ESPANK_SUCCESS && gids != nullptr && ngids > 0) {
+    creds.groups.assign(gids, gids + ngids);
+    return creds;
+  }
+  std::vector<char> buf(16384);
+  passwd pw{};
+  passwd* found = nullptr;
+  if (getpwuid_r(creds.uid, &pw, buf.data(), buf.size(), &found) != 0 || found == nullptr) {
+    creds.groups = {creds.gid};  // no name to look groups up by: the primary group only (never more)
+    return creds;
+  }
+  int n = 64;
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    creds.groups.resize(static_cast<size_t>(n));
+    int want = n;
+    if (getgrouplist(pw.pw_name, creds.gid, creds.groups.data(), &want) >= 0) {
+      creds.groups.resize(static_cast<size_t>(want));
+      return creds;
+    }
+    n = want > n ? want : n * 4;
+  }
+  return Error::internal("cannot list the groups of uid " + std::to_string(creds.uid));
+}
+
 // srun / sbatch / salloc, after every option is parsed.
 int localPostOpt(spank_t, bool allocator) {
   PluginState& st = state();
@@ -204,6 +245,11 @@ int remotePostOpt(spank_t sp) {
   if (resolved->image.empty()) return 0;
   st.active = true;
 
+  auto creds = jobCredentials(sp);
+  if (!creds.ok()) {
+    st.failure = "dsec: " + creds.error().message();
+    return 0;
+  }
   StepIdentity id{shortHostname(), job_id, step_id};
   uint64_t alloc_mb = 0;
   if (spank_get_item(sp, S_STEP_ALLOC_MEM, &alloc_mb) != ESPANK_SUCCESS) alloc_mb = 0;
@@ -218,7 +264,7 @@ int remotePostOpt(spank_t sp) {
       extra.push_back({script.substr(0, script.rfind('/')), script.substr(0, script.rfind('/')), true});
     }
   }
-  auto sandbox = StepSandbox::create(st.args, *resolved, id, static_cast<int64_t>(alloc_mb) << 20, extra);
+  auto sandbox = StepSandbox::create(st.args, *resolved, id, *creds, static_cast<int64_t>(alloc_mb) << 20, extra);
   if (!sandbox.ok()) {
     st.failure = "dsec: cannot start a sandbox of image " + resolved->image + " on " + id.node + ": " +
                  sandbox.error().message();
@@ -285,6 +331,13 @@ extern "C" int slurm_spank_task_init_privileged(spank_t, int, char**) {
     if (!st.active || !st.sandbox) return 0;
     if (auto s = dsec::spank::joinSandbox(st.sandbox->joinTarget()); !s.ok()) {
       slurm_error("dsec: cannot enter sandbox %s: %s", st.sandbox->id().c_str(), s.error().message().c_str());
+      return -1;
+    }
+    // Last: from here on the task cannot gain privileges by execve, and the filter holds what Slurm still
+    // does in it before the exec (see TaskLockdown.h for why that is safe).
+    if (auto s = dsec::spank::lockDownTask(st.sandbox->taskPolicy()); !s.ok()) {
+      slurm_error("dsec: cannot restrict the task to sandbox %s: %s", st.sandbox->id().c_str(),
+                  s.error().message().c_str());
       return -1;
     }
     return 0;

@@ -108,7 +108,8 @@ std::string sandboxIdFor(const StepIdentity& step) {
 }
 
 Result<std::unique_ptr<StepSandbox>> StepSandbox::create(const PluginArgs& args, const StepOptions& options,
-                                                         const StepIdentity& step, int64_t alloc_memory_bytes,
+                                                         const StepIdentity& step, const JobCredentials& job,
+                                                         int64_t alloc_memory_bytes,
                                                          const std::vector<MountSpec>& extra_mounts) {
   if (options.backend != "container") return Error::invalid("unknown backend " + options.backend);
   auto layers = fs3::parseImageRef(options.image);
@@ -117,6 +118,7 @@ Result<std::unique_ptr<StepSandbox>> StepSandbox::create(const PluginArgs& args,
   out->id_ = sandboxIdFor(step);
 
   DSEC_ASSIGN_OR_RETURN(out->backend_, makeBackend(args));
+  DSEC_ASSIGN_OR_RETURN(out->policy_, sandboxTaskPolicy());
   auto missing = out->backend_->missingFeatures();
   if (!missing.empty()) {
     std::string text;
@@ -170,15 +172,16 @@ Result<std::unique_ptr<StepSandbox>> StepSandbox::create(const PluginArgs& args,
     }
   }
 
-  std::vector<MountSpec> mounts = extra_mounts;
-  mounts.insert(mounts.end(), options.mounts.begin(), options.mounts.end());
+  std::vector<BindRequest> mounts;
+  for (const auto& m : extra_mounts) mounts.push_back({m, false});
+  for (const auto& m : options.mounts) mounts.push_back({m, true});
   if (!mounts.empty()) {
     auto pidfd = pidfdOpen(out->join_.init_pid);
     if (!pidfd.ok()) return fail(pidfd.error());
     std::string root_path = "/proc/" + std::to_string(out->join_.init_pid) + "/root";
     UniqueFd root(open(root_path.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
     if (!root) return fail(Error::sys(errno, "open " + root_path));
-    if (auto s = bindIntoSandbox(pidfd->get(), root.get(), mounts); !s.ok()) return fail(s.error());
+    if (auto s = bindIntoSandbox(pidfd->get(), root.get(), mounts, job); !s.ok()) return fail(s.error());
   }
   return out;
 }

@@ -17,8 +17,10 @@
 #include <string>
 #include <vector>
 
+#include "MountSource.h"
 #include "SpankConfig.h"
 #include "TaskJoin.h"
+#include "TaskLockdown.h"
 #include "dsec/backends/Sandbox.h"
 #include "dsec/common/Result.h"
 
@@ -42,15 +44,19 @@ std::string sandboxPrefixFor(const std::string& node, uint32_t job_id);
 
 class StepSandbox {
  public:
-  // extra_mounts: added by the plugin itself (the batch script's directory).
+  // extra_mounts: added by the plugin itself (the batch script's directory), opened as root; the options'
+  // mounts are opened with the job's credentials `job`.
   // alloc_memory_bytes: the step's Slurm memory allocation (0 = none), used unless --dsec-mem is given.
   static Result<std::unique_ptr<StepSandbox>> create(const PluginArgs& args, const StepOptions& options,
-                                                     const StepIdentity& step, int64_t alloc_memory_bytes,
+                                                     const StepIdentity& step, const JobCredentials& job,
+                                                     int64_t alloc_memory_bytes,
                                                      const std::vector<MountSpec>& extra_mounts);
   ~StepSandbox();  // does not destroy: destroy() is explicit (the step end)
 
   const std::string& id() const { return id_; }
   const JoinTarget& joinTarget() const { return join_; }
+  // What every task is held to once it joined (TaskLockdown.h).
+  const TaskPolicy& taskPolicy() const { return policy_; }
   // Kills every process in the sandbox, removes its mounts and cgroup. Idempotent.
   Status destroy();
 
@@ -58,6 +64,7 @@ class StepSandbox {
   StepSandbox() = default;
   std::string id_;
   JoinTarget join_;
+  TaskPolicy policy_;
   std::unique_ptr<backends::Backend> backend_;
   std::unique_ptr<backends::Sandbox> sandbox_;
 };

@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "SandboxPath.h"
 #include "dsec/common/Fd.h"
 #include "dsec/common/Process.h"
 
@@ -42,14 +43,17 @@ Status joinSandbox(const JoinTarget& target) {
   if (setns(pidfd->get(), flags) < 0) return Error::sys(errno, "setns into the sandbox's namespaces");
   // setns(CLONE_NEWNS) leaves us at the namespace's root mount; the sandbox's root is what init pivoted to.
   if (fchdir(root.get()) < 0 || chroot(".") < 0) return Error::sys(errno, "chroot into the sandbox root");
-  // Give slurmstepd's chdir(job cwd) a place to land inside the sandbox (tasks of a step race here: EEXIST is
-  // fine). Failing that, it falls back to /tmp with a warning, which is all that is lost.
-  if (job_cwd[0] == '/' && job_cwd.find("/../") == std::string::npos) {
-    size_t pos = 0;
-    while ((pos = job_cwd.find('/', pos + 1)) != std::string::npos) mkdir(job_cwd.substr(0, pos).c_str(), 0755);
-    mkdir(job_cwd.c_str(), 0755);
-  }
+  // Give slurmstepd's chdir(job cwd) a place to land inside the sandbox (tasks of a step race here: an
+  // existing directory is fine). Failing that, it falls back to /tmp with a warning, which is all that is
+  // lost. The path is the user's, and other tasks of the step may already run in the sandbox: directories
+  // are made on the sandbox's own root only, never in a bind (SandboxPath.h).
   if (chdir("/") < 0) return Error::sys(errno, "chdir / in the sandbox");
+  UniqueFd sandbox_root(open("/", O_PATH | O_DIRECTORY | O_CLOEXEC));
+  uint64_t root_mount = 0;
+  if (job_cwd[0] == '/' && sandbox_root && mountIdOf(sandbox_root.get(), &root_mount)) {
+    SandboxPathResult made = openOrCreateInSandbox(sandbox_root.get(), root_mount, job_cwd.c_str(), true);
+    if (made.fd >= 0) close(made.fd);
+  }
   return okStatus();
 }
 

@@ -4,7 +4,8 @@
 //     --dsec-net=none, network) namespaces and chroot to its root. setns(CLONE_NEWPID) only moves the task's
 //     future children into the sandbox's PID namespace. slurmstepd then chdir()s to the job's working
 //     directory (and complains on the user's terminal if it is missing), so that path is created, empty,
-//     inside the sandbox; the task leaves it for --dsec-workdir in stage 2.
+//     inside the sandbox (on its own root file system only, never inside a bind: SandboxPath.h); the task
+//     leaves it for --dsec-workdir in stage 2. Then the task is locked down (TaskLockdown.h).
 //  2. enterWorkdir and forkIntoPidNamespace, in slurm_spank_task_init (the job's user, after slurmstepd has put the
 //  task into
 //     its process tracking cgroup, just before execve): fork once. The child, now inside the sandbox's PID

@@ -96,7 +96,7 @@ wait_for() {  # seconds what command...
 states_are() { [ "$(node_states)" = "$1" ]; }
 launch_pid() {  # node [gateway] -> pid of that node's dsec-launch rank (or of its gateway process)
     local p cmd
-    for p in $(ip netns pids "dsl-$1" 2>/dev/null); do
+    for p in $(ip netns pids "${NET_PREFIX}-$1" 2>/dev/null); do
         cmd=$(tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null) || continue
         case "$cmd" in
             *dsec-launch*--gateway-only*--fleet\ "$FLEET"*) [ "${2:-}" = gateway ] && echo "$p" ;;

@@ -2,7 +2,8 @@
 # ctest fixture of the Slurm tests: `slurm_fixture.sh start` builds the busybox test layer, creates the
 # unprivileged test user and starts the local cluster with spank_dsec.so; `slurm_fixture.sh stop` stops it
 # and unmounts the layer mounts the plugin leaves in place. Exit 77 = cannot run here (skipped).
-# Environment (set by CMake): DSEC_SPANK_SO, DSEC_TEST_LAYER_TOOL; optional DSEC_SLURM_BASE.
+# Environment (set by CMake): DSEC_SPANK_SO, DSEC_TEST_LAYER_TOOL, DSEC_SUID_PROBE; optional DSEC_SLURM_BASE,
+# DSEC_SLURM_CGROUP_PARENT (lib.sh) and the cluster's settings (cluster/start-cluster.sh).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 source "$HERE/lib.sh"
@@ -27,8 +28,26 @@ start() {
         "$DSEC_TEST_LAYER_TOOL" "$STORE" testbase:1 "$rootfs" || fail "cannot build the test layer"
         rm -rf "$rootfs"
     fi
+    # The security cases' layer, on top of testbase:1: a dynamically linked setuid-root program with its
+    # loader and libraries (tests/security/spank_step_sandbox_test.sh).
+    if [ ! -e "$STORE/layers/testsuid/1/layer.erofs" ]; then
+        [ -x "${DSEC_SUID_PROBE:-}" ] || fail "DSEC_SUID_PROBE=${DSEC_SUID_PROBE:-} does not exist (build dsec-suid-probe)"
+        local rootfs="$BASE/rootfs-suid" lib
+        rm -rf "$rootfs"
+        mkdir -p "$rootfs/usr/local/bin"
+        for lib in $(ldd "$DSEC_SUID_PROBE" | grep -Eo '/[^ ]+'); do
+            cp -L --parents "$lib" "$rootfs/" || fail "cannot copy $lib into the setuid test layer"
+        done
+        install -o root -g root -m 4755 "$DSEC_SUID_PROBE" "$rootfs/usr/local/bin/dsec-suid-probe"
+        "$DSEC_TEST_LAYER_TOOL" "$STORE" testsuid:1 "$rootfs" || fail "cannot build the setuid test layer"
+        rm -rf "$rootfs"
+    fi
     id -u "$TEST_USER" >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin "$TEST_USER" \
         || fail "cannot create user $TEST_USER"
+    # A supplementary group of the test user: --dsec-mount sources are opened with the job's groups.
+    getent group "$TEST_GROUP" >/dev/null || groupadd --system "$TEST_GROUP" || fail "cannot create group $TEST_GROUP"
+    id -nG "$TEST_USER" | tr ' ' '\n' | grep -cx "$TEST_GROUP" >/dev/null || usermod -aG "$TEST_GROUP" "$TEST_USER" \
+        || fail "cannot add $TEST_USER to $TEST_GROUP"
     local rc=0
     DSEC_SLURM_SPANK_SO="$DSEC_SPANK_SO" DSEC_SLURM_SPANK_ARGS="root=$STORE cgroup_parent=$CGROUP_PARENT" \
         "$HERE/cluster/start-cluster.sh" || rc=$?

@@ -19,6 +19,7 @@
 #include "UserNamespace.h"
 #include "dsec/backends/Sandbox.h"
 #include "dsec/backends/container/ContainerBackend.h"
+#include "dsec/backends/container/SandboxPolicy.h"
 #include "dsec/common/Cgroup.h"
 
 namespace dsec::backends {
@@ -133,8 +134,6 @@ std::vector<std::string> cgroupJoinFiles(const Cgroup& cgroup);
 // Kills an init (SIGKILL through its pidfd; the kernel then kills its whole pid namespace) and waits until
 // it is gone, reaping it when it is our child.
 Status killAndWaitInit(InitProcess& init, double timeout_seconds);
-// The default capability set of sandbox processes (Docker's default minus MKNOD).
-uint64_t defaultSandboxCaps();
 // The directory of the cgroup's memory controller (v1 memory hierarchy or the v2 directory); "" if none.
 std::string memoryControlDir(const Cgroup& cgroup);
 nlohmann::json specToJson(const SandboxSpec& spec);

@@ -2,17 +2,7 @@
 // BPF so that a forked child (async-signal-safe only) can install it with a single prctl.
 #pragma once
 
-#include <linux/filter.h>
-
-#include <vector>
-
-#include "dsec/common/Result.h"
-
-namespace dsec::backends {
-
-// Allows everything except what a sandbox never needs (module loading, kexec, mounts, bpf, perf, keyrings,
-// namespaces, ...): those fail with EPERM; clone3 fails with ENOSYS so libc falls back to clone, whose
-// namespace flags are checked.
-Result<std::vector<sock_filter>> buildSandboxSeccompFilter();
-
-}  // namespace dsec::backends
+// buildSandboxSeccompFilter() (declared in the public SandboxPolicy.h) allows everything except what a sandbox never
+// needs (module loading, kexec, mounts, bpf, perf, keyrings, namespaces, ...): those fail with EPERM; clone3 fails
+// with ENOSYS so libc falls back to clone, whose namespace flags are checked.
+#include "dsec/backends/container/SandboxPolicy.h"

@@ -22,6 +22,9 @@
 #   DSEC_SLURM_SLURMD_PORT  slurmd port (one per namespace, so the same on all)    [16918]
 #   DSEC_SLURM_MPI_DEFAULT  MpiDefault                                             [pmix]
 #   DSEC_SLURM_CRED_EXPIRE  cred_expire seconds (also the requeue delay)           [30]
+#   DSEC_SLURM_FIRST_JOB_ID FirstJobId: give a second cluster on the same machine   [1]
+#                           its own job ids (nodes are n1..nN in every cluster, so Slurm's cgroups
+#                           slurm_nI/uid_U/job_J and the plugin's sandbox names would collide)
 #   DSEC_SLURM_SPANK_SO     spank_dsec.so to load (required); empty = no plugin    []
 #   DSEC_SLURM_SPANK_ARGS   its plugstack.conf arguments, e.g. "root=/var/lib/dsec"  []
 #   DSEC_SLURM_EXTRA_CONF   file appended to slurm.conf                            []
@@ -47,6 +50,7 @@ CTLD_PORT=${DSEC_SLURM_CTLD_PORT:-16917}
 SLURMD_PORT=${DSEC_SLURM_SLURMD_PORT:-16918}
 MPI_DEFAULT=${DSEC_SLURM_MPI_DEFAULT:-pmix}
 CRED_EXPIRE=${DSEC_SLURM_CRED_EXPIRE:-30}
+FIRST_JOB_ID=${DSEC_SLURM_FIRST_JOB_ID:-1}
 SPANK_SO=${DSEC_SLURM_SPANK_SO:-}
 SPANK_ARGS=${DSEC_SLURM_SPANK_ARGS:-}
 EXTRA_CONF=${DSEC_SLURM_EXTRA_CONF:-}
@@ -65,6 +69,7 @@ skip() { printf '[start-cluster] SKIP: %s\n' "$*" >&2; exit 77; }
 [[ "$NODES" =~ ^[0-9]+$ ]] && [ "$NODES" -ge 1 ] && [ "$NODES" -le 200 ] || die "DSEC_SLURM_NODES must be 1..200"
 [ ${#NETPFX} -le 6 ] || die "DSEC_SLURM_NET_PREFIX must be at most 6 characters"
 [[ "$SUBNET" =~ ^[0-9]+\.[0-9]+\.[0-9]+$ ]] || die "DSEC_SLURM_SUBNET must look like 10.98.0"
+[[ "$FIRST_JOB_ID" =~ ^[1-9][0-9]{0,7}$ ]] || die "DSEC_SLURM_FIRST_JOB_ID must be a number from 1 to 99999999"
 case "$BASE" in /*) ;; *) die "DSEC_SLURM_BASE must be an absolute path" ;; esac
 if [ -n "$SPANK_SO" ] && [ ! -r "$SPANK_SO" ]; then die "DSEC_SLURM_SPANK_SO=$SPANK_SO does not exist"; fi
 
@@ -133,6 +138,7 @@ SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=cred_expire=$CRED_EXPIRE
+FirstJobId=$FIRST_JOB_ID
 SlurmctldPort=$CTLD_PORT
 SlurmdPort=$SLURMD_PORT
 StateSaveLocation=$BASE/state
