@@ -149,8 +149,8 @@ def create_body(image: Any, backend: Any, cpus: Any, memory: Any, disk: Any, pid
     if labels is not None:
         body["labels"] = string_map("labels", labels)
     if network is not None:
-        if not isinstance(network, str):
-            _fail("network must be 'none' or 'host'")
+        if network not in ("none", "egress"):
+            _fail(f"network must be 'none' or 'egress', got {network!r} (no sandbox shares the node's network)")
         body["network"] = network
     if session is not None:
         body["session"] = session_name(session)

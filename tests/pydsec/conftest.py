@@ -267,6 +267,10 @@ def dsec():
                 pytest.fail(f"{e}; log:\n{f.read()[-4000:].decode(errors='replace')}")
         token = None
         fleet_file = os.path.join(home, ".dsec", "fleets", f"{fleet}.json")
+        # The node writes its fleet file just after it starts answering.
+        deadline = time.monotonic() + 30
+        while not os.path.exists(fleet_file) and time.monotonic() < deadline:
+            time.sleep(0.05)
         for candidate in (fleet_file,):
             with contextlib.suppress(OSError, ValueError):
                 with open(candidate) as f:

@@ -189,7 +189,16 @@ def test_capacity_error_with_retry_after(fn_base):
     server = _start(*fn_base, "tiny", ["--fncall-workers", "1", "--fncall-queue-wait", "0.2"])
     try:
         with server.client(timeout=60) as c:
-            assert c.call("print(0)").stdout == "0\n"  # the one worker is warm
+            # The one worker starts with the node; until it is up a call may see 429 (the queue wait is 0.2 s).
+            deadline = time.monotonic() + 120
+            while True:
+                try:
+                    assert c.call("print(0)").stdout == "0\n"  # now the one worker is warm
+                    break
+                except pydsec.CapacityError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.2)
             done = threading.Event()
             holder = {}
 

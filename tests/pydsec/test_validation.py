@@ -33,6 +33,7 @@ def offline():
     (dict(image="x", env={"A=B": "1"}), "env"),
     (dict(image="x", labels=["a"]), "labels"),
     (dict(image="x", network=1), "network"),
+    (dict(image="x", network="host"), "network"),
 ])
 def test_create_rejects(offline, kwargs, match):
     with pytest.raises(pydsec.InvalidRequestError, match=match):

@@ -83,9 +83,17 @@ class NetworkTest : public ContainerTest {
     if (findProgram("ip").empty()) GTEST_SKIP() << "iproute2 (ip) is needed to build the test's outside network";
     std::mt19937 rng(std::random_device{}());
     tag_ = std::to_string(rng() % 100000);
-    const int block = static_cast<int>(rng() % 60) * 4;
-    world_ = "198.18.1." + std::to_string(block + 2);
-    node_side_ = "198.18.1." + std::to_string(block + 1);
+    // Test cases run in parallel: each takes its own /30 of 198.18.0.0/15 and its own link-local address.
+    const uint32_t block = (rng() % (1u << 15)) * 4;
+    auto ip = [](uint32_t host_order) {
+      in_addr a{htonl(host_order)};
+      char buf[INET_ADDRSTRLEN];
+      inet_ntop(AF_INET, &a, buf, sizeof buf);
+      return std::string(buf);
+    };
+    world_ = ip((198u << 24) + (18u << 16) + block + 2);
+    node_side_ = ip((198u << 24) + (18u << 16) + block + 1);
+    metadata_ = ip((169u << 24) + (254u << 16) + 1 + rng() % 65000);
     port_ = 20000 + static_cast<int>(rng() % 20000);
     netns_ = "dsec-world-" + tag_;
     const std::string host_if = "dswh" + tag_, world_if = "dsww" + tag_;
@@ -95,11 +103,11 @@ class NetworkTest : public ContainerTest {
              {"ip", "addr", "add", node_side_ + "/30", "dev", host_if},
              {"ip", "link", "set", host_if, "up"},
              {"ip", "-n", netns_, "addr", "add", world_ + "/30", "dev", world_if},
-             {"ip", "-n", netns_, "addr", "add", kMetadata + std::string("/32"), "dev", world_if},
+             {"ip", "-n", netns_, "addr", "add", metadata_ + "/32", "dev", world_if},
              {"ip", "-n", netns_, "link", "set", world_if, "up"},
              {"ip", "-n", netns_, "link", "set", "lo", "up"},
              {"ip", "-n", netns_, "route", "add", "default", "via", node_side_},
-             {"ip", "route", "add", kMetadata + std::string("/32"), "via", world_}}) {
+             {"ip", "route", "add", metadata_ + "/32", "via", world_}}) {
       auto r = runCommandChecked(cmd);
       ASSERT_OK(r);
     }
@@ -110,7 +118,7 @@ class NetworkTest : public ContainerTest {
     world_service_.reset();
     node_service_.reset();
     if (!netns_.empty()) {
-      (void)runCommand({"ip", "route", "del", kMetadata + std::string("/32")});
+      (void)runCommand({"ip", "route", "del", metadata_ + "/32"});
       (void)runCommand({"ip", "netns", "del", netns_});  // the veth goes with it
     }
     ContainerTest::TearDown();
@@ -127,8 +135,7 @@ class NetworkTest : public ContainerTest {
     return trim(r.stdout_data);
   }
 
-  static constexpr const char* kMetadata = "169.254.77.1";
-  std::string tag_, netns_, world_, node_side_;
+  std::string tag_, netns_, world_, node_side_, metadata_;
   int port_ = 0;
   std::unique_ptr<HiService> world_service_, node_service_;
 };
@@ -168,7 +175,7 @@ TEST_F(NetworkTest, EgressReachesTheWorldButNotTheNodeOtherSandboxesOrMetadata) 
   }
   EXPECT_NE(connect(a, "127.0.0.1", port_), "hi") << "loopback inside is not the node's";
   // A link-local (metadata) address beyond the node is dropped, though the world serves it.
-  EXPECT_NE(connect(a, kMetadata, port_), "hi") << "the sandbox reached a link-local address";
+  EXPECT_NE(connect(a, metadata_, port_), "hi") << "the sandbox reached a link-local address";
   // Another sandbox is out of reach, even with a service listening.
   auto b_addr = trim(sh(b, "ip addr show eth0 | grep 'inet ' | awk '{print $2}' | cut -d/ -f1").stdout_data);
   ASSERT_FALSE(b_addr.empty());

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <set>
 #include <string>
 
@@ -38,26 +39,31 @@ TEST_F(ContainerTest, SandboxRootIsAnUnprivilegedHostIdRangeOfItsOwn) {
   EXPECT_GE(base_a, 65536u) << "sandbox root maps to a host login or system id";
   EXPECT_GE(base_b, 65536u);
   EXPECT_TRUE(base_a + 65536 <= base_b || base_b + 65536 <= base_a) << base_a << " and " << base_b << " overlap";
-  // Seen from the host, a process of the sandbox runs as the range's root, not as 0.
-  auto r = sh(a, "sleep 30 & echo $!");
-  auto pid_inside = trim(r.stdout_data);
-  ASSERT_FALSE(pid_inside.empty());
-  auto st = a.persistentState();
-  const std::string init = std::to_string(st.at("init_pid").get<int>());
-  auto children = readFile("/proc/" + init + "/task/" + init + "/children");
-  bool checked = false;
-  for (const auto& pid : split(trim(children.ok() ? *children : ""), ' ')) {
+  // Seen from the host, every process of the sandbox (its init and a command left running) runs as the range's
+  // root, not as 0.
+  sh(a, "sleep 30 >/dev/null 2>&1 &");
+  const std::string init = std::to_string(a.persistentState().at("init_pid").get<int>());
+  struct stat ns_of_init {};
+  ASSERT_EQ(::stat(("/proc/" + init + "/ns/pid").c_str(), &ns_of_init), 0);
+  int checked = 0;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    const std::string pid = entry.path().filename();
+    struct stat ns {};
+    if (pid.find_first_not_of("0123456789") != std::string::npos ||
+        ::stat(("/proc/" + pid + "/ns/pid").c_str(), &ns) != 0 || ns.st_ino != ns_of_init.st_ino) {
+      continue;
+    }
     auto status = readFile("/proc/" + pid + "/status");
-    if (!status.ok() || status->find("sleep") == std::string::npos) continue;
+    if (!status.ok()) continue;
     for (const auto& line : split(*status, '\n')) {
-      if (startsWith(line, "Uid:")) {
-        EXPECT_NE(line.find(std::to_string(base_a)), std::string::npos) << line;
-        EXPECT_EQ(line.find("\t0\t"), std::string::npos) << line;
-        checked = true;
-      }
+      if (!startsWith(line, "Uid:")) continue;
+      EXPECT_EQ(line, "Uid:\t" + std::to_string(base_a) + "\t" + std::to_string(base_a) + "\t" +
+                          std::to_string(base_a) + "\t" + std::to_string(base_a))
+          << "process " << pid;
+      ++checked;
     }
   }
-  EXPECT_TRUE(checked) << "no sandbox process found from the host";
+  EXPECT_GE(checked, 2) << "the sandbox's init and its sleep were not found from the host";
 }
 
 TEST_F(ContainerTest, LayersAndUpperKeepTheirOwnershipInside) {
