@@ -144,6 +144,7 @@ bool receiveStrings(Request& r) {
   // Into the sandbox cgroup first, while still host root (the files are the host's).
   for (uint32_t i = 0; i < h.nprocs; ++i) {
     if (write(r.fds[proto::kFixedFds + i], "0", 1) != 1) childFail(status_fd, proto::kStepCgroup);
+    close(r.fds[proto::kFixedFds + i]);  // host files: not held a moment longer than needed
   }
   // The spawner's own OOM protection must not be inherited by sandbox workloads.
   int oom_fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
