@@ -193,12 +193,13 @@ t_mount_flags() {
         [[ ",$opts," == *,nosuid,* && ",$opts," == *,nodev,* ]] || { show; fail "bind $target has options $opts, want nosuid,nodev"; }
     done
     [[ ",$(awk '$5 == "/data/in" {print $6}' "$OUT" | tail -1)," == *,ro,* ]] || { show; fail "the :ro bind is not read-only"; }
-    # Every other mount: nosuid (but the root overlay, which dsec-sandbox-init mounts), and nodev where no
-    # device node must work (/dev, /dev/pts and the /proc files masked with /dev/null need them).
+    # Every other mount, the root overlay included: nosuid; and nodev where no device node must work (/dev,
+    # /dev/pts, the device nodes bound into /dev and the /proc files masked with /dev/null need them).
     local bad
-    bad=$(awk '$5 ~ /^\// && $5 != "/" && (","$6",") !~ /,nosuid,/ {print $5 " " $6}' "$OUT")
+    bad=$(awk '$5 ~ /^\// && (","$6",") !~ /,nosuid,/ {print $5 " " $6}' "$OUT")
     [ -z "$bad" ] || { show; fail "mounts without nosuid: $bad"; }
-    bad=$(awk '$5 ~ /^\// && $5 != "/dev" && $5 != "/dev/pts" && $4 != "/null" && (","$6",") !~ /,nodev,/ {print $5 " " $6}' "$OUT")
+    bad=$(awk '$5 ~ /^\// && $5 != "/dev" && $5 != "/dev/pts" && $4 != "/null" &&
+               $5 !~ /^\/dev\/(null|zero|full|random|urandom|tty)$/ && (","$6",") !~ /,nodev,/ {print $5 " " $6}' "$OUT")
     [ -z "$bad" ] || { show; fail "mounts without nodev: $bad"; }
 
     # The batch script's directory (slurmd's spool, bound by the plugin itself): read-only, nosuid, nodev.

@@ -362,6 +362,9 @@ void bindDevice(const char* path, const char* src) {
   check("mount_dev", fd, "create device mount point");
   close(fd);
   check("mount_dev", mount(src, path, nullptr, MS_BIND, nullptr), "bind device node");
+  // A device node must keep working (no nodev), but nothing on it is a program.
+  check("mount_dev", mount(nullptr, path, nullptr, MS_BIND | MS_REMOUNT | MS_NOSUID | MS_NOEXEC, nullptr),
+        "remount device node nosuid");
 }
 
 void mountDev(const char* root) {
@@ -415,6 +418,8 @@ void mountProc(const char* root) {
     const char* target = joinPath(proc, m);
     if (access(target, F_OK) != 0) continue;  // not in this kernel
     check("mask_proc", mount(null_path, target, nullptr, MS_BIND, nullptr), "mask /proc file");
+    check("mask_proc", mount(nullptr, target, nullptr, MS_BIND | MS_REMOUNT | MS_NOSUID | MS_NOEXEC, nullptr),
+          "remount masked /proc file nosuid");
   }
   // Kernel-wide knobs: /proc/sys writes as root would change the host (core_pattern...), so read-only.
   static const char* const kReadOnly[] = {"sys", "irq", "bus"};

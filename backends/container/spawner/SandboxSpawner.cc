@@ -167,20 +167,9 @@ bool receiveStrings(Request& r) {
   if (dup2(r.fds[1], 0) < 0 || dup2(r.fds[2], 1) < 0 || dup2(r.fds[3], 2) < 0) childFail(status_fd, proto::kStepFds);
   umask(022);
   if (chdir(r.cwd) < 0) childFail(status_fd, proto::kStepChdir);
-  for (int sig = 1; sig < NSIG; ++sig) {
-    if (sig == SIGKILL || sig == SIGSTOP) continue;
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = SIG_DFL;
-    sigaction(sig, &sa, nullptr);  // fails harmlessly for the signals libc reserves
-  }
-  // Batch sandboxes: SCHED_IDLE, inherited by everything the command forks; without CAP_SYS_NICE (dropped below)
-  // and with RLIMIT_NICE 0 the command cannot leave it.
-  if (h.sched_policy >= 0) {
-    sched_param param;
-    memset(&param, 0, sizeof param);
-    if (sched_setscheduler(0, h.sched_policy, &param) < 0) childFail(status_fd, proto::kStepSched);
-  }
+  // The spawner ignores SIGPIPE; every other disposition is the default (it installs no handler), and exec resets
+  // handled ones anyway.
+  signal(SIGPIPE, SIG_DFL);
   for (int cap = 0; cap <= 63; ++cap) {
     if ((h.keep_caps >> cap) & 1) continue;
     if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0) {
@@ -204,6 +193,14 @@ bool receiveStrings(Request& r) {
     prog.len = static_cast<unsigned short>(g_bpf_len);
     prog.filter = g_bpf;
     if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog, 0, 0) < 0) childFail(status_fd, proto::kStepSeccomp);
+  }
+  // Batch sandboxes: SCHED_IDLE, inherited by everything the command forks; without CAP_SYS_NICE (dropped above)
+  // and with RLIMIT_NICE 0 the command cannot leave it. Set last, so the setup before exec does not wait behind
+  // the node's other work.
+  if (h.sched_policy >= 0) {
+    sched_param param;
+    memset(&param, 0, sizeof param);
+    if (sched_setscheduler(0, h.sched_policy, &param) < 0) childFail(status_fd, proto::kStepSched);
   }
   sigset_t none;
   sigemptyset(&none);
