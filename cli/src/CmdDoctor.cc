@@ -66,6 +66,10 @@ int cmdDoctor(const Invocation& inv) {
          userns_problem.empty() ? "a user namespace and host id range of its own (user namespaces, idmapped mounts)"
                                 : "missing " + userns_problem);
     line("container backend", other.empty(), other.empty() ? "usable" : other);
+    const std::string egress = backends::egressSupportProblem();
+    line("network egress", egress.empty(),
+         egress.empty() ? "nftables and IPv4 forwarding: sandboxes may get a route out (never to the node)"
+                        : "missing " + egress + " (network \"egress\" sandboxes and layer builds fail)");
     container_ok =
         container_ok && init_problem.empty() && spawner_problem.empty() && userns_problem.empty() && other.empty();
   }

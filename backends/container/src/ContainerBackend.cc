@@ -503,6 +503,8 @@ class ContainerBackend : public Backend {
 
 }  // namespace
 
+std::string egressSupportProblem() { return EgressNetwork::supportProblem(); }
+
 std::vector<std::string> containerCreateFaultPoints() {
   std::vector<std::string> out(std::begin(kAgentFaults), std::end(kAgentFaults));
   for (const char* step : proto::kSteps) out.push_back(std::string(proto::kFaultPrefix) + step);

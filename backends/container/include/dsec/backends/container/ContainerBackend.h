@@ -52,6 +52,10 @@ constexpr uint64_t kBatchCpuWeight = 10;
 
 Result<std::unique_ptr<Backend>> makeContainerBackend(const ContainerBackendOptions& options);
 
+// What the host lacks for network "egress" (nftables with inet nat, IPv4 forwarding); "" when usable. Changes
+// nothing on the host.
+std::string egressSupportProblem();
+
 // Every fault point (common/Fault.h) on the create path, in order: agent steps ("container.clone", ...)
 // and init steps ("container.init.mount_overlay", ...). Tests arm each in turn and check nothing is left.
 std::vector<std::string> containerCreateFaultPoints();
