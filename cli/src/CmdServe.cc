@@ -33,7 +33,22 @@ int cmdServe(const Invocation& inv) {
       "warm fncall workers at most (0 disables fncall)")(
       "fncall-queue-wait",
       po::value<double>(&options.fncall.queue_wait_seconds)->default_value(options.fncall.queue_wait_seconds),
-      "seconds a call waits for a free worker before 429 capacity");
+      "seconds a call waits for a free worker before 429 capacity")(
+      "max-connections", po::value<int>(&options.max_connections)->default_value(options.max_connections),
+      "HTTP connections (one thread each) in all; more get 503")(
+      "max-client-connections",
+      po::value<int>(&options.max_client_connections)->default_value(options.max_client_connections),
+      "connections one client (a local user, or a remote address) may hold before they carry the token; more "
+      "wait up to 2 s, then get 429 (0: min(64, max-connections / 2))")(
+      "header-timeout",
+      po::value<double>(&options.header_timeout_seconds)->default_value(options.header_timeout_seconds),
+      "seconds a request head (request line and headers) may take to arrive; later: 408 and closed")(
+      "body-timeout", po::value<double>(&options.body_timeout_seconds)->default_value(options.body_timeout_seconds),
+      "seconds a request body may take on top of what --body-min-rate allows for its size")(
+      "body-min-rate", po::value<std::string>()->default_value("64k"),
+      "bytes per second a request body must average after --body-timeout (slower: 408 and closed)")(
+      "output-budget", po::value<std::string>(),
+      "buffered exec and call output the node holds at once; over it: 429 (default: memory / 16, 64M..1G)");
   po::variables_map vm;
   if (!parseCommandLine(inv, inv.args, desc, {}, "[--listen ADDR:PORT] [--root DIR] [--fleet-name NAME]", &vm,
                         &common)) {
@@ -49,9 +64,23 @@ int cmdServe(const Invocation& inv) {
   std::string cpu_qos = vm["cpu-qos"].as<std::string>();
   if (cpu_qos != "on" && cpu_qos != "off") throw UsageError("--cpu-qos wants on or off");
   options.cpu_qos = cpu_qos == "on";
+<<<<<<< HEAD
   std::string user_namespaces = vm["user-namespaces"].as<std::string>();
   if (user_namespaces != "on" && user_namespaces != "off") throw UsageError("--user-namespaces wants on or off");
   options.user_namespaces = user_namespaces == "on";
+=======
+  if (options.max_connections <= 0) throw UsageError("--max-connections must be > 0");
+  if (options.max_client_connections < 0) throw UsageError("--max-client-connections must be >= 0");
+  if (!(options.header_timeout_seconds > 0)) throw UsageError("--header-timeout must be > 0");
+  if (!(options.body_timeout_seconds > 0)) throw UsageError("--body-timeout must be > 0");
+  options.body_min_rate = static_cast<double>(parseSizeOption("body-min-rate", vm["body-min-rate"].as<std::string>()));
+  if (!(options.body_min_rate > 0)) throw UsageError("--body-min-rate must be > 0");
+  if (vm.count("output-budget")) {
+    int64_t budget = parseSizeOption("output-budget", vm["output-budget"].as<std::string>());
+    if (budget < (1 << 20)) throw UsageError("--output-budget must be at least 1M");
+    options.output_budget_bytes = static_cast<uint64_t>(budget);
+  }
+>>>>>>> sec-http
   if (vm.count("memory-capacity")) {
     options.memory_capacity_bytes = parseSizeOption("memory-capacity", vm["memory-capacity"].as<std::string>());
   }

@@ -1,3 +1,4 @@
+// The node API's handlers (ApiServer.h); POST /v1/call is in CallApi.cc.
 #include "dsec/launcher/ApiServer.h"
 
 #include <sys/socket.h>
@@ -10,6 +11,8 @@
 
 #include "dsec/common/Logging.h"
 #include "dsec/common/Strings.h"
+#include "dsec/launcher/ExecResponse.h"
+#include "dsec/launcher/JsonEscape.h"
 #include "dsec/launcher/Requests.h"
 
 namespace dsec::launcher {
@@ -20,6 +23,7 @@ constexpr const char* kLog = "api";
 constexpr size_t kFileChunk = size_t{256} * 1024;
 constexpr size_t kStderrKept = size_t{64} * 1024;  // of a tar run, for its error message
 constexpr uint64_t kDiscardLimit = 1 << 20;
+constexpr size_t kEscapeSlice = size_t{16} * 1024;  // output bytes escaped at a time (at most 96 KiB out)
 
 Status writeAll(int fd, const char* data, size_t size) {
   while (size > 0) {
@@ -50,20 +54,27 @@ Status sendAll(int fd, const char* data, size_t size) {
   return okStatus();
 }
 
-// Streams exec output as NDJSON lines; the backend may call it from its reader threads.
+// Streams exec output as NDJSON lines; the backend may call it from its reader threads. Each piece of output
+// is escaped and written a slice at a time, so a connection never holds more than one escaped slice; a UTF-8
+// sequence split between pieces is carried to the next line by the stream's escaper.
 class NdjsonSink : public backends::ExecSink {
  public:
   explicit NdjsonSink(HttpExchange& ex) : ex_(ex) {}
-  bool onStdout(const char* data, size_t size) override { return emit("stdout", &out_tail_, data, size); }
-  bool onStderr(const char* data, size_t size) override { return emit("stderr", &err_tail_, data, size); }
+  bool onStdout(const char* data, size_t size) override { return emit("{\"stdout\":\"", &out_escaper_, data, size); }
+  bool onStderr(const char* data, size_t size) override { return emit("{\"stderr\":\"", &err_escaper_, data, size); }
 
-  // Flushes held-back partial UTF-8 and opens the stream if no output came.
+  // Flushes held-back partial UTF-8 (as U+FFFD) and opens the stream if no output came.
   bool finish() {
     std::lock_guard lock(mu_);
-    if (!out_tail_.empty() && !writeLine("stdout", out_tail_)) return false;
-    if (!err_tail_.empty() && !writeLine("stderr", err_tail_)) return false;
-    out_tail_.clear();
-    err_tail_.clear();
+    for (auto [prefix, escaper] :
+         {std::pair{"{\"stdout\":\"", &out_escaper_}, std::pair{"{\"stderr\":\"", &err_escaper_}}) {
+      if (escaper->pending() == 0) continue;
+      if (!open()) return false;
+      std::string line = prefix;
+      escaper->finish(&line);
+      line += "\"}\n";
+      if (!ex_.writeStream(line.data(), line.size())) return false;
+    }
     return open();
   }
   bool started() const { return started_; }
@@ -81,26 +92,28 @@ class NdjsonSink : public backends::ExecSink {
     }
     return !ex_.broken();
   }
-  bool writeLine(const char* key, const std::string& text) {
-    if (!open()) return false;
-    std::string line = json{{key, text}}.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
-    return ex_.writeStream(line.data(), line.size());
-  }
-  bool emit(const char* key, std::string* tail, const char* data, size_t size) {
+  bool emit(const char* prefix, JsonStringEscaper* escaper, const char* data, size_t size) {
     std::lock_guard lock(mu_);
-    std::string text = *tail;
-    text.append(data, size);
-    size_t complete = completeUtf8Prefix(text);
-    *tail = text.substr(complete);
-    text.resize(complete);
-    if (text.empty()) return !ex_.broken();
-    return writeLine(key, text);
+    bool line_open = false;
+    for (size_t off = 0; off < size; off += kEscapeSlice) {
+      buf_.clear();
+      if (!line_open) buf_ = prefix;
+      size_t before = buf_.size();
+      escaper->append(std::string_view(data + off, std::min(kEscapeSlice, size - off)), &buf_);
+      if (buf_.size() == before) continue;  // only part of a UTF-8 sequence so far
+      if (!line_open && !open()) return false;
+      line_open = true;
+      if (!ex_.writeStream(buf_.data(), buf_.size())) return false;
+    }
+    if (!line_open) return !ex_.broken();
+    return ex_.writeStream("\"}\n", 3);
   }
 
   HttpExchange& ex_;
   std::mutex mu_;
   bool started_ = false;
-  std::string out_tail_, err_tail_;
+  JsonStringEscaper out_escaper_, err_escaper_;
+  std::string buf_;
 };
 
 // tar's stdout goes to the client as a chunked body, opened on the first byte so that a tar that fails at
@@ -128,6 +141,26 @@ class TarSink : public backends::ExecSink {
   HttpExchange& ex_;
   std::mutex mu_;
   bool started_ = false;
+  std::string stderr_;
+};
+
+// tar -x's output: stdout dropped, the start of stderr kept for the error message. (A sandbox can replace tar
+// and sh, so whatever they print must not be held whole.)
+class KeepStderrSink : public backends::ExecSink {
+ public:
+  bool onStdout(const char*, size_t) override { return true; }
+  bool onStderr(const char* data, size_t size) override {
+    std::lock_guard lock(mu_);
+    if (stderr_.size() < kStderrKept) stderr_.append(data, std::min(size, kStderrKept - stderr_.size()));
+    return true;
+  }
+  std::string stderrText() {
+    std::lock_guard lock(mu_);
+    return stderr_;
+  }
+
+ private:
+  std::mutex mu_;
   std::string stderr_;
 };
 
@@ -168,10 +201,40 @@ json fileStatToJson(const backends::FileStat& st) {
   return json{{"name", st.name}, {"type", st.type}, {"size", st.size}, {"mode", st.mode}, {"mtime", st.mtime}};
 }
 
-bool ApiServer::authorized(const HttpExchange& ex) const {
-  auto it = ex.head().find(http::field::authorization);
-  if (it == ex.head().end()) return false;
-  std::string_view value(it->value().data(), it->value().size());
+ApiServer::ApiServer(NodeAgent* agent, std::string token, const ApiServerOptions& options)
+    : agent_(agent),
+      token_(std::move(token)),
+      output_budget_(options.output_budget_bytes > 0
+                         ? options.output_budget_bytes
+                         : defaultOutputBudget(static_cast<uint64_t>(std::max<int64_t>(0, agent->nodeMemoryBytes()))),
+                     options.output_wait_seconds) {}
+
+void ApiServer::renderMetrics(std::string* out) {
+  OutputBudget::Stats b = output_budget_.stats();
+  auto line = [out](const char* type, const char* name, uint64_t v) {
+    *out += std::string("# TYPE ") + name + " " + type + "\n" + name + " " + std::to_string(v) + "\n";
+  };
+  line("gauge", "dsec_output_budget_bytes", b.capacity);
+  line("gauge", "dsec_output_budget_used_bytes", b.used);
+  line("gauge", "dsec_output_budget_peak_bytes", b.peak);
+  line("gauge", "dsec_output_budget_responses", b.shares);
+  line("counter", "dsec_output_budget_refusals_total", b.refusals);
+  line("counter", "dsec_output_budget_too_large_total", b.too_large);
+  line("counter", "dsec_output_budget_evictions_total", b.evictions);
+  if (const HttpServer* http = transport()) http->renderMetrics(out);
+}
+
+json ApiServer::nodeInfo() {
+  json info = agent_->nodeInfo();
+  OutputBudget::Stats b = output_budget_.stats();
+  info["output_budget"] = json{{"capacity_bytes", b.capacity}, {"used_bytes", b.used},   {"peak_bytes", b.peak},
+                               {"responses", b.shares},        {"refusals", b.refusals}, {"too_large", b.too_large},
+                               {"evictions", b.evictions}};
+  if (const HttpServer* http = transport()) info["http"] = http->info();
+  return info;
+}
+
+bool ApiServer::acceptsCredentials(std::string_view value) const {
   constexpr std::string_view kBearer = "bearer ";
   if (value.size() <= kBearer.size() ||
       !boost::beast::iequals(boost::beast::string_view(value.data(), kBearer.size()),
@@ -181,6 +244,12 @@ bool ApiServer::authorized(const HttpExchange& ex) const {
   while (!value.empty() && value.front() == ' ') value.remove_prefix(1);
   while (!value.empty() && value.back() == ' ') value.remove_suffix(1);
   return constantTimeEquals(value, token_);
+}
+
+bool ApiServer::authorized(const HttpExchange& ex) const {
+  auto it = ex.head().find(http::field::authorization);
+  if (it == ex.head().end()) return false;
+  return acceptsCredentials(std::string_view(it->value().data(), it->value().size()));
 }
 
 void ApiServer::sendResultError(HttpExchange& ex, const Error& error) {
@@ -215,7 +284,9 @@ std::optional<json> ApiServer::readJson(HttpExchange& ex, uint64_t limit) {
 void ApiServer::handle(HttpExchange& ex) {
   RouteMatch m = matchRoute(ex.method(), ex.target());
   bool healthz = m.error_status == 0 && m.op == Op::kHealthz;
-  if (!healthz && !authorized(ex)) {
+  const bool authed = authorized(ex);
+  if (authed) ex.markAuthenticated();  // the connection leaves its client's unauthenticated budget
+  if (!healthz && !authed) {
     ex.sendError(401, "unauthorized", "missing or wrong bearer token (Authorization: Bearer <token>)",
                  {{"WWW-Authenticate", "Bearer"}});
     return;
@@ -258,11 +329,14 @@ void ApiServer::dispatch(HttpExchange& ex, const RouteMatch& m) {
       ex.sendJson(200,
                   {{"status", "ok"}, {"fleet", agent_->options().fleet_name}, {"node", agent_->options().node_name}});
       return;
-    case Op::kMetrics:
-      ex.sendText(200, "text/plain; version=0.0.4", agent_->metrics().render());
+    case Op::kMetrics: {
+      std::string text = agent_->metrics().render();
+      renderMetrics(&text);
+      ex.sendText(200, "text/plain; version=0.0.4", std::move(text));
       return;
+    }
     case Op::kNodeInfo:
-      ex.sendJson(200, agent_->nodeInfo());
+      ex.sendJson(200, nodeInfo());
       return;
     case Op::kListLayers: {
       auto layers = agent_->layers();
@@ -399,9 +473,11 @@ void ApiServer::exec(HttpExchange& ex, const std::string& id, bool stream) {
   if (!lease.ok()) return sendResultError(ex, lease.error());
   agent_->metrics().execs_total++;
   if (!stream) {
-    auto result = lease->sandbox().exec(*req);
+    // The output is collected within the node's output budget and escaped only as it is written.
+    BufferedExecOutput output(&output_budget_);
+    auto result = lease->sandbox().execStream(*req, output);
     if (!result.ok()) return sendResultError(ex, result.error());
-    ex.sendJson(200, execResultToJson(*result));
+    output.respond(ex, *result);
     return;
   }
   NdjsonSink sink(ex);
@@ -537,8 +613,9 @@ void ApiServer::putTar(HttpExchange& ex, const RouteMatch& m) {
   req.argv = {"/bin/sh", "-c", "mkdir -p -- \"$1\" && exec tar -C \"$1\" -xf -", "sh", path};
   req.stdin_fd = theirs.get();
   std::optional<Result<backends::ExecResult>> result;
+  KeepStderrSink output;
   std::thread runner([&] {
-    result.emplace(sandbox.exec(req));
+    result.emplace(sandbox.execStream(req, output));
     // tar is gone (done or failed): make a feeder blocked on a full socket buffer fail instead of hanging.
     ::shutdown(theirs.get(), SHUT_RDWR);
   });
@@ -555,7 +632,7 @@ void ApiServer::putTar(HttpExchange& ex, const RouteMatch& m) {
   if (!st.ok() && feed_error.ok()) return;  // the client went away
   if (!result->ok()) return sendResultError(ex, result->error().wrap("running tar"));
   const auto& r = result->value();
-  if (r.exit_code != 0 || r.timed_out) return sendResultError(ex, tarFailure("tar -x", r, r.stderr_data));
+  if (r.exit_code != 0 || r.timed_out) return sendResultError(ex, tarFailure("tar -x", r, output.stderrText()));
   ex.sendJson(200, {{"path", path}});
 }
 
@@ -583,14 +660,15 @@ void ApiServer::putTarViaFile(HttpExchange& ex, backends::Sandbox& sandbox, cons
   backends::ExecRequest req;
   req.argv = {"/bin/sh", "-c", "mkdir -p -- \"$1\" && tar -C \"$1\" -xf \"$2\"; rc=$?; rm -f -- \"$2\"; exit $rc",
               "sh",      path, archive};
-  auto result = sandbox.exec(req);
+  KeepStderrSink output;
+  auto result = sandbox.execStream(req, output);
   if (!result.ok()) {
     (void)sandbox.remove(archive, false);
     return sendResultError(ex, result.error().wrap("running tar"));
   }
   if (result->exit_code != 0 || result->timed_out) {
     (void)sandbox.remove(archive, false);
-    return sendResultError(ex, tarFailure("tar -x", *result, result->stderr_data));
+    return sendResultError(ex, tarFailure("tar -x", *result, output.stderrText()));
   }
   ex.sendJson(200, {{"path", path}});
 }

@@ -3,6 +3,7 @@
 #include "dsec/backends/fncall/FunctionService.h"
 #include "dsec/launcher/ApiServer.h"
 #include "dsec/launcher/CallRequests.h"
+#include "dsec/launcher/ExecResponse.h"
 
 namespace dsec::launcher {
 
@@ -19,7 +20,8 @@ void ApiServer::call(HttpExchange& ex) {
   }
   auto result = fncall->call(std::move(*request));
   if (!result.ok()) return sendResultError(ex, result.error());
-  ex.sendJson(200, execResultToJson(*result));
+  // The result is whole in memory already: it is answered if the output budget has room for it.
+  respondWithinBudget(ex, &output_budget_, *result);
 }
 
 }  // namespace dsec::launcher

@@ -1,3 +1,5 @@
+// HTTP/1.1 transport (HttpServer.h): the socket stream with its deadlines, one exchange per request, and the
+// acceptor with the connection caps and the per-client queue.
 #include "dsec/launcher/HttpServer.h"
 
 #include <arpa/inet.h>
@@ -6,18 +8,22 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <boost/asio/error.hpp>
 #include <boost/asio/write.hpp>
+#include <cmath>
 #include <cstring>
 #include <limits>
 
 #include "dsec/common/Logging.h"
 #include "dsec/common/Strings.h"
+#include "dsec/launcher/ClientKey.h"
 
 namespace dsec::launcher {
 namespace {
@@ -26,6 +32,7 @@ namespace net = boost::asio;
 using nlohmann::json;
 constexpr const char* kLog = "http";
 constexpr size_t kStreamBuffer = size_t{256} * 1024;
+constexpr int kAcceptBatch = 64;  // connections accepted per wakeup before queued ones are looked at again
 
 std::string dumpJson(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
@@ -33,15 +40,31 @@ std::string errorBody(const std::string& code, const std::string& message) {
   return dumpJson(json{{"error", {{"code", code}, {"message", message}}}}) + "\n";
 }
 
-// For failures before there is a request to answer (unparsable head, too many connections).
-void writeRawError(int fd, int status, const char* reason, const std::string& code, const std::string& message) {
-  std::string body = errorBody(code, message);
-  std::string text =
-      "HTTP/1.1 " + std::to_string(status) + " " + reason +
-      "\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: " + std::to_string(body.size()) +
-      "\r\n\r\n" + body;
+// For failures before there is a request to answer (unparsable or late head, too many connections).
+void writeRawError(int fd, int status, const char* reason, const std::string& code, const std::string& message,
+                   const std::string& extra_headers = "", const std::string& body_override = "") {
+  std::string body = body_override.empty() ? errorBody(code, message) : body_override;
+  std::string text = "HTTP/1.1 " + std::to_string(status) + " " + reason +
+                     "\r\nServer: dsec\r\nContent-Type: application/json\r\nConnection: close\r\n" + extra_headers +
+                     "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
   // Best effort, never blocking the caller: the socket buffer of a fresh connection takes this whole.
   (void)::send(fd, text.data(), text.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+}
+
+// Reads and drops what the client already sent (without waiting), so that closing after an early answer sends
+// a FIN rather than a reset that could destroy the answer before the client reads it.
+void drainAvailable(int fd) {
+  char sink[16 * 1024];
+  for (int i = 0; i < 16; ++i) {
+    ssize_t n = ::recv(fd, sink, sizeof(sink), MSG_DONTWAIT);
+    if (n <= 0) break;
+  }
+}
+
+std::string secondsText(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%g", s);
+  return buf;
 }
 
 bool isQuietDisconnect(const boost::system::error_code& ec) {
@@ -54,16 +77,53 @@ bool isQuietDisconnect(const boost::system::error_code& ec) {
 
 // ---- SocketStream -------------------------------------------------------------------------------------
 
+void SocketStream::setDeadline(double monotonic_seconds) {
+  deadline_ = monotonic_seconds;
+  expired_ = false;
+}
+
+void SocketStream::startRateFloor(double grace_seconds, double min_bytes_per_second) {
+  floor_active_ = true;
+  floor_grace_ = grace_seconds;
+  floor_rate_ = min_bytes_per_second;
+  floor_waited_ = 0;
+  floor_received_ = 0;
+  expired_ = false;
+}
+
+void SocketStream::stopRateFloor() { floor_active_ = false; }
+
 bool SocketStream::wait(short events, boost::system::error_code& ec) {
+  const bool floor = floor_active_ && (events & POLLIN);
   for (;;) {
+    int timeout = timeout_ms_;
+    bool limited = false;  // the wait is cut short by the deadline or the rate floor, not by inactivity
+    double now = (deadline_ > 0 || floor) ? monotonicSeconds() : 0;
+    auto limitTo = [&](double left) {
+      if (left <= 0) return false;
+      double ms = std::ceil(left * 1000);
+      if (ms < timeout) {
+        timeout = static_cast<int>(ms);
+        limited = true;
+      }
+      return true;
+    };
+    if ((deadline_ > 0 && !limitTo(deadline_ - now)) ||
+        (floor && !limitTo(floor_grace_ + static_cast<double>(floor_received_) / floor_rate_ - floor_waited_))) {
+      expired_ = true;
+      ec = net::error::timed_out;
+      return false;
+    }
     struct pollfd fds[2] = {{fd_, events, 0}, {stop_fd_, POLLIN, 0}};
-    int n = ::poll(fds, stop_fd_ >= 0 ? 2 : 1, timeout_ms_);
+    int n = ::poll(fds, stop_fd_ >= 0 ? 2 : 1, timeout);
+    if (floor) floor_waited_ += monotonicSeconds() - now;
     if (n < 0) {
       if (errno == EINTR) continue;
       ec = boost::system::error_code(errno, boost::system::system_category());
       return false;
     }
     if (n == 0) {
+      if (limited) continue;  // the next round finds the deadline passed
       ec = net::error::timed_out;
       return false;
     }
@@ -79,6 +139,7 @@ size_t SocketStream::readSome(void* data, size_t size, boost::system::error_code
   for (;;) {
     ssize_t n = ::recv(fd_, data, size, 0);
     if (n > 0) {
+      if (floor_active_) floor_received_ += static_cast<uint64_t>(n);
       ec = {};
       return static_cast<size_t>(n);
     }
@@ -119,8 +180,13 @@ size_t SocketStream::writeSome(struct iovec* iov, int count, boost::system::erro
 // ---- HttpExchange -------------------------------------------------------------------------------------
 
 HttpExchange::HttpExchange(SocketStream& stream, boost::beast::flat_buffer& buffer,
-                           std::unique_ptr<http::request_parser<http::empty_body>> parser)
-    : stream_(stream), buffer_(buffer), parser_(std::move(parser)), head_(parser_->get().base()) {
+                           std::unique_ptr<http::request_parser<http::empty_body>> parser,
+                           ConnectionContext* connection)
+    : stream_(stream),
+      connection_(connection),
+      buffer_(buffer),
+      parser_(std::move(parser)),
+      head_(parser_->get().base()) {
   body_done_ = parser_->is_done();
   keep_alive_ = parser_->get().keep_alive();
 }
@@ -135,6 +201,29 @@ std::optional<uint64_t> HttpExchange::contentLength() const {
   auto cl = parser_->content_length();
   if (!cl) return std::nullopt;
   return *cl;
+}
+
+void HttpExchange::markAuthenticated() {
+  if (connection_ != nullptr && connection_->on_authenticated) connection_->on_authenticated();
+}
+
+const std::string& HttpExchange::client() const {
+  static const std::string kUnknown = "unknown";
+  return connection_ != nullptr ? connection_->client : kUnknown;
+}
+
+void HttpExchange::bodyReadFailed(const boost::system::error_code& ec) {
+  broken_ = true;
+  if (!stream_.deadlineExpired()) return;
+  if (connection_ != nullptr && connection_->stats != nullptr) connection_->stats->body_timeouts++;
+  keep_alive_ = false;
+  broken_ = false;  // long enough to say why
+  double grace = connection_ ? connection_->body_timeout_seconds : 0;
+  double rate = connection_ ? connection_->body_min_rate : 0;
+  sendError(408, "request_timeout",
+            "the request body came slower than the server accepts (" + secondsText(grace) + " s, then at least " +
+                std::to_string(static_cast<uint64_t>(rate)) + " bytes/s): " + ec.message());
+  broken_ = true;  // the rest of the body is not read: close at once, no lingering
 }
 
 void HttpExchange::sendContinueIfExpected() {
@@ -161,7 +250,9 @@ Result<std::string> HttpExchange::readBody(uint64_t limit, bool* too_large) {
   parser_.reset();
   parser.body_limit(limit);
   boost::system::error_code ec;
+  startBodyClock();
   http::read(stream_, buffer_, parser, ec);
+  stream_.stopRateFloor();
   body_done_ = true;
   if (ec == http::error::body_limit) {
     *too_large = true;
@@ -170,7 +261,8 @@ Result<std::string> HttpExchange::readBody(uint64_t limit, bool* too_large) {
     return Error::invalid("request body is over the limit of " + std::to_string(limit) + " bytes for this route");
   }
   if (ec) {
-    broken_ = true;
+    body_done_ = false;
+    bodyReadFailed(ec);
     return Error(ErrorCode::kUnavailable, "reading request body: " + ec.message());
   }
   return std::move(parser.get().body());
@@ -183,6 +275,7 @@ Status HttpExchange::readBodyStream(const std::function<Status(const char*, size
   parser_.reset();
   parser.body_limit(std::numeric_limits<std::uint64_t>::max());
   std::vector<char> buf(kStreamBuffer);
+  startBodyClock();
   while (!parser.is_done()) {
     parser.get().body().data = buf.data();
     parser.get().body().size = buf.size();
@@ -190,17 +283,20 @@ Status HttpExchange::readBodyStream(const std::function<Status(const char*, size
     http::read(stream_, buffer_, parser, ec);
     if (ec == http::error::need_buffer) ec = {};
     if (ec) {
-      broken_ = true;
+      stream_.stopRateFloor();
+      bodyReadFailed(ec);
       return Error(ErrorCode::kUnavailable, "reading request body: " + ec.message());
     }
     size_t n = buf.size() - parser.get().body().size;
     if (n > 0) {
       if (auto st = sink(buf.data(), n); !st.ok()) {
+        stream_.stopRateFloor();
         keep_alive_ = false;  // the rest of the body stays unread
         return st;
       }
     }
   }
+  stream_.stopRateFloor();
   body_done_ = true;
   return okStatus();
 }
@@ -213,6 +309,10 @@ bool HttpExchange::discardBody(uint64_t max_bytes) {
     return false;
   }
   return readBodyStream([](const char*, size_t) { return okStatus(); }).ok();
+}
+
+void HttpExchange::startBodyClock() {
+  if (connection_ != nullptr) stream_.startRateFloor(connection_->body_timeout_seconds, connection_->body_min_rate);
 }
 
 void HttpExchange::writeHead(http::response_header<>& head) {
@@ -356,7 +456,24 @@ std::pair<int, std::string> httpStatusFor(ErrorCode code) {
   return {500, "internal"};
 }
 
+int clientConnectionLimit(const HttpServerOptions& options) {
+  if (options.max_client_connections > 0) return options.max_client_connections;
+  return std::max(1, std::min(64, options.max_connections / 2));
+}
+
+Status validateHttpServerOptions(const HttpServerOptions& o) {
+  if (o.max_connections <= 0) return Error::invalid("max_connections must be positive");
+  if (o.max_client_connections < 0) return Error::invalid("max_client_connections must be >= 0 (0: the default)");
+  if (!(o.header_timeout_seconds > 0)) return Error::invalid("the header timeout must be > 0 seconds");
+  if (!(o.body_timeout_seconds > 0)) return Error::invalid("the body timeout must be > 0 seconds");
+  if (!(o.body_min_rate > 0)) return Error::invalid("the minimum body rate must be > 0 bytes/s");
+  if (!(o.client_queue_seconds >= 0)) return Error::invalid("the client queue wait must be >= 0 seconds");
+  if (o.idle_timeout_ms <= 0) return Error::invalid("the idle timeout must be > 0");
+  return okStatus();
+}
+
 Result<std::unique_ptr<HttpServer>> HttpServer::start(const HttpServerOptions& options, RequestHandler* handler) {
+  DSEC_TRY(validateHttpServerOptions(options));
   DSEC_ASSIGN_OR_RETURN(auto addr, parseListenAddress(options.listen));
   std::unique_ptr<HttpServer> server(new HttpServer(options, handler));
   struct addrinfo hints {};
@@ -402,6 +519,11 @@ Result<std::unique_ptr<HttpServer>> HttpServer::start(const HttpServerOptions& o
   server->listen_fd_ = std::move(fd);
   server->stop_fd_ = UniqueFd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!server->stop_fd_) return Error::sys(errno, "eventfd");
+  server->wake_fd_ = UniqueFd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!server->wake_fd_) return Error::sys(errno, "eventfd");
+  server->queue_epoll_ = UniqueFd(::epoll_create1(EPOLL_CLOEXEC));
+  if (!server->queue_epoll_) return Error::sys(errno, "epoll_create1");
+  handler->attachTransport(server.get());
   server->acceptor_ = std::thread([s = server.get()] { s->acceptLoop(); });
   return server;
 }
@@ -415,6 +537,7 @@ void HttpServer::stop() {
   if (acceptor_.joinable()) acceptor_.join();
   reapFinished(true);
   listen_fd_.reset();
+  if (handler_->transport() == this) handler_->attachTransport(nullptr);
 }
 
 void HttpServer::reapFinished(bool all) {
@@ -434,10 +557,75 @@ void HttpServer::reapFinished(bool all) {
   }
 }
 
+void HttpServer::renderMetrics(std::string* out) const {
+  auto line = [out](const char* type, const std::string& name, uint64_t v) {
+    *out += "# TYPE " + name + " " + type + "\n" + name + " " + std::to_string(v) + "\n";
+  };
+  line("gauge", "dsec_http_connections", static_cast<uint64_t>(activeConnections()));
+  line("gauge", "dsec_http_connections_max", static_cast<uint64_t>(options_.max_connections));
+  line("gauge", "dsec_http_unauthenticated_connections", static_cast<uint64_t>(unauthenticatedConnections()));
+  line("gauge", "dsec_http_client_connections_max", static_cast<uint64_t>(client_budget_.perClient()));
+  line("gauge", "dsec_http_queued_connections", static_cast<uint64_t>(queuedConnections()));
+  line("counter", "dsec_http_connections_accepted_total", stats_.accepted.load());
+  line("counter", "dsec_http_connections_queued_total", stats_.queued.load());
+  *out += "# TYPE dsec_http_connections_refused_total counter\n";
+  *out += "dsec_http_connections_refused_total{reason=\"busy\"} " + std::to_string(stats_.refused_busy.load()) + "\n";
+  *out += "dsec_http_connections_refused_total{reason=\"client_budget\"} " +
+          std::to_string(stats_.refused_client.load()) + "\n";
+  *out += "# TYPE dsec_http_request_timeouts_total counter\n";
+  *out += "dsec_http_request_timeouts_total{part=\"header\"} " + std::to_string(stats_.header_timeouts.load()) + "\n";
+  *out += "dsec_http_request_timeouts_total{part=\"body\"} " + std::to_string(stats_.body_timeouts.load()) + "\n";
+}
+
+json HttpServer::info() const {
+  return json{{"connections", activeConnections()},
+              {"max_connections", options_.max_connections},
+              {"unauthenticated_connections", unauthenticatedConnections()},
+              {"largest_client_unauthenticated", client_budget_.largest()},
+              {"max_client_connections", client_budget_.perClient()},
+              {"max_unauthenticated_connections", client_budget_.totalLimit()},
+              {"queued_connections", queuedConnections()},
+              {"header_timeout", options_.header_timeout_seconds},
+              {"body_timeout", options_.body_timeout_seconds},
+              {"body_min_rate", options_.body_min_rate},
+              {"accepted", stats_.accepted.load()},
+              {"queued", stats_.queued.load()},
+              {"refused_busy", stats_.refused_busy.load()},
+              {"refused_client_budget", stats_.refused_client.load()},
+              {"header_timeouts", stats_.header_timeouts.load()},
+              {"body_timeouts", stats_.body_timeouts.load()}};
+}
+
+// ---- connections ----------------------------------------------------------------------------------------
+
+// One connection's thread state: its client and whether its unauthenticated slot is still held.
+struct HttpServer::ConnState {
+  std::string client;
+  double accepted_at = 0;
+  std::atomic<bool> slot_released{false};
+};
+
 void HttpServer::acceptLoop() {
   while (!stopped_.load()) {
-    struct pollfd fds[2] = {{listen_fd_.get(), POLLIN, 0}, {stop_fd_.get(), POLLIN, 0}};
-    int n = ::poll(fds, 2, 1000);
+    int timeout_ms = 1000;
+    if (queued_now_.load() > 0) {
+      // Wake for the oldest queued connection's end of wait.
+      double now = monotonicSeconds(), next = now + 1.0;
+      for (const auto& [client, order] : queue_order_) {
+        for (int fd : order) {
+          auto it = queued_.find(fd);
+          if (it == queued_.end()) continue;
+          next = std::min(next, it->second.accepted_at + queueWaitSeconds());
+          break;
+        }
+      }
+      timeout_ms = std::max(0, static_cast<int>(std::ceil((next - now) * 1000)));
+    }
+    struct pollfd fds[4] = {{listen_fd_.get(), POLLIN, 0},
+                            {stop_fd_.get(), POLLIN, 0},
+                            {wake_fd_.get(), POLLIN, 0},
+                            {queue_epoll_.get(), POLLIN, 0}};
+    int n = ::poll(fds, 4, timeout_ms);
     reapFinished(false);
     if (n < 0 && errno != EINTR) {
       DSEC_LOG(kError, kLog) << "poll: " << strerror(errno);
@@ -445,57 +633,284 @@ void HttpServer::acceptLoop() {
       continue;
     }
     if (fds[1].revents & POLLIN) break;
-    if (!(fds[0].revents & POLLIN)) continue;
-    int fd = ::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (fd < 0) {
-      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
-        DSEC_LOG(kWarn, kLog) << "accept: " << strerror(errno);
-        ::usleep(50 * 1000);
+    if (fds[2].revents & POLLIN) {
+      uint64_t v;
+      (void)!::read(wake_fd_.get(), &v, sizeof(v));
+    }
+    if (fds[3].revents & POLLIN) recheckQueued();
+    if (queued_now_.load() > 0) admitQueued();
+    if (fds[0].revents & POLLIN) {
+      for (int i = 0; i < kAcceptBatch && !stopped_.load(); ++i) {
+        uint64_t before = stats_.accepted.load();
+        acceptOne();
+        if (stats_.accepted.load() == before) break;  // nothing more pending
       }
-      continue;
     }
-    int one = 1;
-    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    if (active_.load() >= options_.max_connections) {
-      writeRawError(fd, 503, "Service Unavailable", "unavailable",
-                    "too many connections (" + std::to_string(options_.max_connections) + ")");
-      handler_->onResponse(503);
-      ::close(fd);
-      continue;
+  }
+  // Stopping: queued connections get a 503 like any other over the cap.
+  std::vector<int> left;
+  for (const auto& [fd, q] : queued_) left.push_back(fd);
+  for (int fd : left) {
+    unqueue(fd);
+    drainAvailable(fd);
+    writeRawError(fd, 503, "Service Unavailable", "unavailable", "the server is stopping");
+    ::close(fd);
+  }
+}
+
+double HttpServer::queueWaitSeconds() const {
+  return std::min(options_.client_queue_seconds, options_.header_timeout_seconds);
+}
+
+bool HttpServer::sentValidToken(int fd) {
+  char buf[8192];
+  ssize_t n = ::recv(fd, buf, sizeof(buf), MSG_PEEK | MSG_DONTWAIT);
+  if (n <= 0) return false;
+  std::string_view head(buf, static_cast<size_t>(n));
+  if (auto end = head.find("\r\n\r\n"); end != std::string_view::npos) head = head.substr(0, end + 2);
+  // Complete header lines after the request line; the first Authorization one decides.
+  constexpr std::string_view kName = "authorization:";
+  for (size_t pos = head.find("\r\n"); pos != std::string_view::npos;) {
+    size_t start = pos + 2;
+    size_t next = head.find("\r\n", start);
+    if (next == std::string_view::npos) break;
+    std::string_view line = head.substr(start, next - start);
+    if (line.size() > kName.size() && boost::beast::iequals(boost::beast::string_view(line.data(), kName.size()),
+                                                            boost::beast::string_view(kName.data(), kName.size()))) {
+      std::string_view value = line.substr(kName.size());
+      while (!value.empty() && (value.front() == ' ' || value.front() == '\t')) value.remove_prefix(1);
+      while (!value.empty() && (value.back() == ' ' || value.back() == '\t')) value.remove_suffix(1);
+      return handler_->acceptsCredentials(value);
     }
-    active_.fetch_add(1);
-    auto done = std::make_shared<std::atomic<bool>>(false);
-    try {
-      std::thread t([this, fd, done] {
-        serveConnection(fd);
-        active_.fetch_sub(1);
-        done->store(true);
-      });
-      std::lock_guard lock(mu_);
-      conns_.push_back(ConnThread{std::move(t), done});
-    } catch (const std::system_error& e) {
-      DSEC_LOG(kWarn, kLog) << "cannot start a connection thread: " << e.what();
-      writeRawError(fd, 503, "Service Unavailable", "unavailable", "cannot start a connection thread");
-      ::close(fd);
-      active_.fetch_sub(1);
+    pos = next;
+  }
+  return false;
+}
+
+void HttpServer::acceptOne() {
+  int fd = ::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+  if (fd < 0) {
+    if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+      DSEC_LOG(kWarn, kLog) << "accept: " << strerror(errno);
+      ::usleep(50 * 1000);
+    }
+    return;
+  }
+  stats_.accepted++;
+  const double now = monotonicSeconds();
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  if (active_.load() >= options_.max_connections) {
+    stats_.refused_busy++;
+    drainAvailable(fd);
+    writeRawError(fd, 503, "Service Unavailable", "unavailable",
+                  "too many connections (" + std::to_string(options_.max_connections) + ")", "Retry-After: 1\r\n");
+    handler_->onResponse(503);
+    ::close(fd);
+    return;
+  }
+  std::string client = clientKeyOf(fd);
+  if (sentValidToken(fd)) {
+    startConnection(fd, client, now, /*authenticated=*/true);
+    return;
+  }
+  auto queued_it = queued_per_client_.find(client);
+  const int queued_for_client = queued_it == queued_per_client_.end() ? 0 : queued_it->second;
+  if (queued_for_client == 0 && client_budget_.tryTake(client)) {
+    startConnection(fd, client, now, /*authenticated=*/false);
+    return;
+  }
+  // Over the client's budget: wait here, without a thread, for one of its connections to authenticate or end,
+  // or for this one's head to show the token; but only so many and so long.
+  const int per_client_queue = std::max(client_budget_.perClient(), options_.max_connections / 4);
+  if (queued_for_client < per_client_queue && queued_now_.load() < options_.max_connections) {
+    enqueue(fd, client, now);
+    return;
+  }
+  refuseForClient(fd, client);
+}
+
+void HttpServer::enqueue(int fd, const std::string& client, double accepted_at) {
+  struct epoll_event ev {};
+  ev.events = EPOLLIN | EPOLLET;
+  ev.data.fd = fd;
+  ::epoll_ctl(queue_epoll_.get(), EPOLL_CTL_ADD, fd, &ev);
+  queued_[fd] = Queued{client, accepted_at};
+  queue_order_[client].push_back(fd);
+  queued_per_client_[client]++;
+  queued_now_++;
+  stats_.queued++;
+  // The head may have arrived between the peek at accept and the registration (edge-triggered: no event).
+  if (sentValidToken(fd)) {
+    unqueue(fd);
+    startConnection(fd, client, accepted_at, /*authenticated=*/true);
+  }
+}
+
+void HttpServer::unqueue(int fd) {
+  auto it = queued_.find(fd);
+  if (it == queued_.end()) return;
+  ::epoll_ctl(queue_epoll_.get(), EPOLL_CTL_DEL, fd, nullptr);
+  const std::string client = it->second.client;
+  queued_.erase(it);
+  queued_now_--;
+  if (--queued_per_client_[client] <= 0) queued_per_client_.erase(client);
+  auto& order = queue_order_[client];
+  while (!order.empty() && queued_.find(order.front()) == queued_.end()) order.pop_front();
+  if (order.empty()) queue_order_.erase(client);
+}
+
+void HttpServer::recheckQueued() {
+  struct epoll_event events[64];
+  for (;;) {
+    int n = ::epoll_wait(queue_epoll_.get(), events, 64, 0);
+    if (n <= 0) return;
+    for (int i = 0; i < n; ++i) {
+      int fd = events[i].data.fd;
+      auto it = queued_.find(fd);
+      if (it == queued_.end() || active_.load() >= options_.max_connections || !sentValidToken(fd)) continue;
+      Queued q = it->second;
+      unqueue(fd);
+      startConnection(fd, q.client, q.accepted_at, /*authenticated=*/true);
+    }
+    if (n < 64) return;
+  }
+}
+
+void HttpServer::admitQueued() {
+  const double now = monotonicSeconds();
+  std::vector<std::string> clients;
+  for (const auto& [client, order] : queue_order_) clients.push_back(client);
+  for (const auto& client : clients) {
+    // Those that waited long enough are refused first: one started now would have no time left for its head.
+    for (;;) {
+      auto oit = queue_order_.find(client);
+      if (oit == queue_order_.end() || oit->second.empty()) break;
+      int fd = oit->second.front();
+      auto it = queued_.find(fd);
+      if (it == queued_.end()) {
+        oit->second.pop_front();
+        continue;
+      }
+      if (now < it->second.accepted_at + queueWaitSeconds()) break;
+      unqueue(fd);
+      refuseForClient(fd, client);
+    }
+    for (;;) {
+      auto oit = queue_order_.find(client);
+      if (oit == queue_order_.end() || oit->second.empty()) break;
+      int fd = oit->second.front();
+      auto it = queued_.find(fd);
+      if (it == queued_.end()) {
+        oit->second.pop_front();
+        continue;
+      }
+      if (active_.load() >= options_.max_connections || !client_budget_.tryTake(client)) break;
+      double accepted_at = it->second.accepted_at;
+      unqueue(fd);
+      startConnection(fd, client, accepted_at, /*authenticated=*/false);
     }
   }
 }
 
-void HttpServer::serveConnection(int raw_fd) {
+void HttpServer::refuseForClient(int fd, const std::string& client) {
+  stats_.refused_client++;
+  const int limit = client_budget_.perClient();
+  std::string message = "too many connections without a valid token from this client (" + client + ": " +
+                        std::to_string(limit) + "); send the bearer token, or retry later";
+  std::string body = dumpJson(json{{"error",
+                                    {{"code", "too_many_connections"},
+                                     {"message", message},
+                                     {"limit", limit},
+                                     {"client", client},
+                                     {"retry_after", 1}}}}) +
+                     "\n";
+  drainAvailable(fd);
+  writeRawError(fd, 429, "Too Many Requests", "too_many_connections", message, "Retry-After: 1\r\n", body);
+  handler_->onResponse(429);
+  ::shutdown(fd, SHUT_WR);
+  ::close(fd);
+}
+
+void HttpServer::releaseClientSlot(const std::string& client) {
+  client_budget_.give(client);
+  if (queued_now_.load() > 0) {
+    uint64_t one = 1;
+    (void)!::write(wake_fd_.get(), &one, sizeof(one));
+  }
+}
+
+void HttpServer::startConnection(int fd, const std::string& client, double accepted_at, bool authenticated) {
+  active_.fetch_add(1);
+  auto done = std::make_shared<std::atomic<bool>>(false);
+  auto state = std::make_shared<ConnState>();
+  state->client = client;
+  state->accepted_at = accepted_at;
+  state->slot_released.store(authenticated);  // an authenticated one never took a slot
+  try {
+    std::thread t([this, fd, done, state] {
+      serveConnection(fd, *state);
+      if (!state->slot_released.exchange(true)) releaseClientSlot(state->client);
+      active_.fetch_sub(1);
+      done->store(true);
+    });
+    std::lock_guard lock(mu_);
+    conns_.push_back(ConnThread{std::move(t), done});
+  } catch (const std::system_error& e) {
+    DSEC_LOG(kWarn, kLog) << "cannot start a connection thread: " << e.what();
+    writeRawError(fd, 503, "Service Unavailable", "unavailable", "cannot start a connection thread");
+    ::close(fd);
+    active_.fetch_sub(1);
+    if (!authenticated) releaseClientSlot(client);
+  }
+}
+
+void HttpServer::serveConnection(int raw_fd, ConnState& state) {
   UniqueFd fd(raw_fd);
   SocketStream stream(fd.get(), stop_fd_.get(), options_.idle_timeout_ms);
+  ConnectionContext context;
+  context.client = state.client;
+  context.body_timeout_seconds = options_.body_timeout_seconds;
+  context.body_min_rate = options_.body_min_rate;
+  context.stats = &stats_;
+  context.on_authenticated = [this, &state] {
+    if (!state.slot_released.exchange(true)) releaseClientSlot(state.client);
+  };
   boost::beast::flat_buffer buffer;
   bool linger = false;
-  for (;;) {
+  double head_started = state.accepted_at;  // the first request's head is due from the accept
+  for (bool first = true;; first = false) {
+    boost::system::error_code ec;
+    if (!first) {
+      // Keep-alive: wait for the next request to start (the idle timeout; for a connection that never showed
+      // the token, only the head deadline); its head is due from then.
+      if (buffer.size() == 0) {
+        if (!state.slot_released.load()) stream.setDeadline(monotonicSeconds() + options_.header_timeout_seconds);
+        bool more = stream.waitReadable(ec);
+        stream.setDeadline(0);
+        if (!more) break;
+      }
+      head_started = monotonicSeconds();
+    }
     auto parser = std::make_unique<http::request_parser<http::empty_body>>();
     parser->header_limit(options_.header_limit);
     // Each route sets its own limit when it reads the body. (Not boost::none: Beast 1.74 compares the
     // Content-Length against the optional and an empty optional then rejects every body.)
     parser->body_limit(std::numeric_limits<std::uint64_t>::max());
-    boost::system::error_code ec;
+    stream.setDeadline(head_started + options_.header_timeout_seconds);
     http::read_header(stream, buffer, *parser, ec);
+    const bool late = stream.deadlineExpired();
+    stream.setDeadline(0);
     if (ec) {
+      if (late) {
+        // A head that trickles in (or never comes) frees its thread at the deadline. No lingering: a client
+        // this slow is not waiting for an answer.
+        stats_.header_timeouts++;
+        writeRawError(fd.get(), 408, "Request Timeout", "request_timeout",
+                      "no complete request head within " + secondsText(options_.header_timeout_seconds) + " s");
+        handler_->onResponse(408);
+        break;
+      }
       if (!isQuietDisconnect(ec)) {
         std::string what = ec == http::error::header_limit
                                ? "request header larger than " + std::to_string(options_.header_limit) + " bytes"
@@ -506,7 +921,7 @@ void HttpServer::serveConnection(int raw_fd) {
       }
       break;
     }
-    HttpExchange exchange(stream, buffer, std::move(parser));
+    HttpExchange exchange(stream, buffer, std::move(parser), &context);
     try {
       handler_->handle(exchange);
     } catch (const std::exception& e) {

@@ -68,13 +68,23 @@ struct Args {
   double lost_after = 3.0;
   bool simulate = false;        // simulated node agents (no sandbox processes; docs/fleet.md)
   bool user_namespaces = true;  // false: the operator's opt-out (NodeOptions::user_namespaces)
+  // The HTTP edge of the node and of the gateway (docs/node-agent.md, "Connection budgets"); defaults as
+  // HttpServerOptions. The output budget is the node's (0: its default).
+  int max_connections = 1024;
+  int max_client_connections = 0;
+  double header_timeout = 10;
+  double body_timeout = 10;
+  double body_min_rate = 64 * 1024;
+  uint64_t output_budget = 0;
 };
 
 [[noreturn]] void usage(int code) {
   std::cerr << "usage: dsec-launch [--fleet NAME] [--root DIR] [--state-dir DIR] [--port N] [--node-port N]\n"
                "                   [--address ADDR] [--node-name NAME] [--max-sandboxes N] [--cpu-overcommit X]\n"
                "                   [--memory-overcommit X] [--lost-after SECONDS] [--fncall-image IMAGE] [--no-mpi]\n"
-               "                   [--simulate] [--user-namespaces on|off]\n"
+               "                   [--simulate] [--user-namespaces on|off] [--max-connections N]\n"
+               "                   [--max-client-connections N] [--header-timeout SECONDS] [--body-timeout SECONDS]\n"
+               "                   [--body-min-rate SIZE] [--output-budget SIZE]\n"
                "       dsec-launch --join NAME [--root DIR] [--drain-timeout SECONDS] ...\n"
                "       dsec-launch --gateway-only --fleet NAME --token-file F [--seed F] [--port N] [--port-file F]\n"
                "Defaults: --fleet $DSEC_FLEET or rollout; --root $DSEC_ROOT or /var/lib/dsec.\n";
@@ -105,6 +115,15 @@ Args parseArgs(int argc, char** argv) {
         usage(2);
       }
       return d;
+    };
+    auto size = [&](int64_t lo) {
+      std::string v = value();
+      auto bytes = parseByteSize(v);
+      if (!bytes.ok() || *bytes < lo) {
+        std::cerr << "dsec-launch: bad value '" << v << "' for " << k << " (at least " << lo << " bytes)\n";
+        usage(2);
+      }
+      return *bytes;
     };
     if (k == "--fleet")
       a.fleet = value();
@@ -153,6 +172,18 @@ Args parseArgs(int argc, char** argv) {
       a.drain_timeout = number(0);
     else if (k == "--lost-after")
       a.lost_after = number(0.5);
+    else if (k == "--max-connections")
+      a.max_connections = static_cast<int>(number(1));
+    else if (k == "--max-client-connections")
+      a.max_client_connections = static_cast<int>(number(0));
+    else if (k == "--header-timeout")
+      a.header_timeout = number(0.001);
+    else if (k == "--body-timeout")
+      a.body_timeout = number(0.001);
+    else if (k == "--body-min-rate")
+      a.body_min_rate = static_cast<double>(size(1));
+    else if (k == "--output-budget")
+      a.output_budget = static_cast<uint64_t>(size(1 << 20));
     else if (k == "-h" || k == "--help")
       usage(0);
     else {
@@ -310,6 +341,12 @@ Result<RunningNode> startNode(const Args& args, const std::string& token, const 
   if (!args.fncall_image.empty()) o.fncall.image = args.fncall_image;
   o.simulate = args.simulate;
   o.user_namespaces = args.user_namespaces;
+  o.max_connections = args.max_connections;
+  o.max_client_connections = args.max_client_connections;
+  o.header_timeout_seconds = args.header_timeout;
+  o.body_timeout_seconds = args.body_timeout;
+  o.body_min_rate = args.body_min_rate;
+  o.output_budget_bytes = args.output_budget;
   DSEC_ASSIGN_OR_RETURN(r.node, EmbeddedNode::start(o));
   r.endpoint = r.node->endpoint();
   return r;
@@ -343,6 +380,11 @@ int runGatewayOnly(const Args& args) {
   (void)installStopSignals();
   HttpServerOptions ho;
   ho.listen = (args.address.empty() ? std::string("0.0.0.0") : args.address) + ":" + std::to_string(args.port);
+  ho.max_connections = args.max_connections;
+  ho.max_client_connections = args.max_client_connections;
+  ho.header_timeout_seconds = args.header_timeout;
+  ho.body_timeout_seconds = args.body_timeout;
+  ho.body_min_rate = args.body_min_rate;
   auto server = HttpServer::start(ho, &gateway);
   if (!server.ok()) {
     DSEC_LOG(kError, kLog) << "gateway: " << server.error().message();
@@ -593,7 +635,17 @@ int runLaunch(const Args& args, int argc, char** argv) {
                                       "--memory-overcommit",
                                       std::to_string(args.memory_overcommit),
                                       "--lost-after",
-                                      std::to_string(args.lost_after)};
+                                      std::to_string(args.lost_after),
+                                      "--max-connections",
+                                      std::to_string(args.max_connections),
+                                      "--max-client-connections",
+                                      std::to_string(args.max_client_connections),
+                                      "--header-timeout",
+                                      std::to_string(args.header_timeout),
+                                      "--body-timeout",
+                                      std::to_string(args.body_timeout),
+                                      "--body-min-rate",
+                                      std::to_string(static_cast<uint64_t>(args.body_min_rate))};
     supervisor = std::make_unique<GatewaySupervisor>(gargv, port_file);
     auto port = supervisor->start(args.port);
     if (port.ok()) {

@@ -24,6 +24,7 @@ namespace dsec::launcher {
 namespace {
 
 constexpr const char* kLog = "serve";
+constexpr uint64_t kMinOutputBudget = uint64_t{1} << 20;
 
 void noopSignal(int) {}
 
@@ -59,6 +60,17 @@ class EmbeddedNodeImpl : public EmbeddedNode {
     if (options_.write_fleet_file) DSEC_TRY(validateFleetName(options_.fleet_name));
     if (options_.max_sandboxes <= 0) return Error::invalid("max_sandboxes must be positive");
     if (options_.max_connections <= 0) return Error::invalid("max_connections must be positive");
+    HttpServerOptions http_options;
+    http_options.listen = options_.listen;
+    http_options.max_connections = options_.max_connections;
+    http_options.max_client_connections = options_.max_client_connections;
+    http_options.header_timeout_seconds = options_.header_timeout_seconds;
+    http_options.body_timeout_seconds = options_.body_timeout_seconds;
+    http_options.body_min_rate = options_.body_min_rate;
+    DSEC_TRY(validateHttpServerOptions(http_options));
+    if (options_.output_budget_bytes != 0 && options_.output_budget_bytes < kMinOutputBudget) {
+      return Error::invalid("the output budget must be at least " + std::to_string(kMinOutputBudget) + " bytes");
+    }
     if (auto st = makeDirs(options_.root, 0755); !st.ok()) return st.error().wrap("creating root " + options_.root);
     DSEC_ASSIGN_OR_RETURN(token_, loadOrCreateToken(options_.root));
     NodeOptions node_options;
@@ -78,10 +90,9 @@ class EmbeddedNodeImpl : public EmbeddedNode {
     node_options.user_namespaces = options_.user_namespaces;
     DSEC_ASSIGN_OR_RETURN(agent_, NodeAgent::start(node_options, &metrics_));
     metrics_.setGaugeRenderer([agent = agent_.get()](std::string* out) { agent->renderGauges(out); });
-    api_ = std::make_unique<ApiServer>(agent_.get(), token_);
-    HttpServerOptions http_options;
-    http_options.listen = options_.listen;
-    http_options.max_connections = options_.max_connections;
+    ApiServerOptions api_options;
+    api_options.output_budget_bytes = options_.output_budget_bytes;
+    api_ = std::make_unique<ApiServer>(agent_.get(), token_, api_options);
     auto server = HttpServer::start(http_options, api_.get());
     if (!server.ok()) {
       agent_->shutdown(false);

@@ -131,10 +131,26 @@ HttpReply HttpTestClient::getStreamed(const std::string& target, const std::func
   http::request<http::empty_body> req{http::verb::get, target, 11};
   prepare(req.base(), true, {});
   http::write(*socket_, req);
+  return readStreamed(target, sink);
+}
+
+HttpReply HttpTestClient::postJsonStreamed(const std::string& target, const nlohmann::json& body,
+                                           const std::function<void(const char*, size_t)>& sink) {
+  connect();
+  http::request<http::string_body> req{http::verb::post, target, 11};
+  prepare(req.base(), true, {{"Content-Type", "application/json"}});
+  req.body() = body.dump();
+  req.prepare_payload();
+  http::write(*socket_, req);
+  return readStreamed(target, sink);
+}
+
+HttpReply HttpTestClient::readStreamed(const std::string& target,
+                                       const std::function<void(const char*, size_t)>& sink) {
   http::response_parser<http::buffer_body> parser;
   parser.body_limit(std::numeric_limits<std::uint64_t>::max());
   http::read_header(*socket_, buffer_, parser);
-  std::vector<char> buf(1 << 20);
+  std::vector<char> buf(256 << 10);
   HttpReply reply;
   std::string small;  // an error body is small: keep it
   while (!parser.is_done()) {
@@ -145,7 +161,7 @@ HttpReply HttpTestClient::getStreamed(const std::string& target, const std::func
     if (ec == http::error::need_buffer) ec = {};
     if (ec) {
       socket_.reset();
-      throw std::runtime_error("streamed GET " + target + ": " + ec.message());
+      throw std::runtime_error("streamed answer of " + target + ": " + ec.message());
     }
     size_t n = buf.size() - parser.get().body().size;
     if (parser.get().result_int() == 200) {

@@ -42,6 +42,9 @@ class HttpTestClient {
                         const std::function<std::string(uint64_t offset)>& next);
   // GET whose body is handed to `sink` piece by piece (not kept in the reply).
   HttpReply getStreamed(const std::string& target, const std::function<void(const char*, size_t)>& sink);
+  // POST of a JSON body whose 200 answer is handed to `sink` piece by piece (an error body is kept).
+  HttpReply postJsonStreamed(const std::string& target, const nlohmann::json& body,
+                             const std::function<void(const char*, size_t)>& sink);
   // Sends raw bytes on a fresh connection and returns what came back until the server closed it (or timeout).
   std::string raw(const std::string& bytes, double timeout_seconds = 5, bool half_close = false);
 
@@ -49,6 +52,7 @@ class HttpTestClient {
   int port() const { return port_; }
 
  private:
+  HttpReply readStreamed(const std::string& target, const std::function<void(const char*, size_t)>& sink);
   void connect();
   void prepare(boost::beast::http::request_header<>& head, bool auth,
                const std::map<std::string, std::string>& headers);

@@ -26,6 +26,7 @@ namespace net = boost::asio;
 using nlohmann::json;
 constexpr const char* kLog = "fleet";
 constexpr size_t kPiece = size_t{64} * 1024;
+constexpr size_t kHeldBackLimit = size_t{1} << 20;
 
 Error transportError(const std::string& endpoint, const std::string& what, const boost::system::error_code& ec) {
   std::string why = ec == net::error::operation_aborted ? "node declared lost" : ec.message();
@@ -200,7 +201,7 @@ Result<HttpReply> call(const std::string& endpoint, http::verb method, const std
 }
 
 Status forward(HttpExchange& ex, const std::string& endpoint, const std::string& token, const CallOptions& options,
-               const std::string* pre_read_body) {
+               const std::string* pre_read_body, int hold_back_status, std::optional<HttpReply>* held_back) {
   DSEC_ASSIGN_OR_RETURN(auto fd, connectTo(endpoint, options));
   DSEC_ASSIGN_OR_RETURN(auto ep, parseEndpoint(endpoint));
   SocketStream stream(fd.get(), options.abort_fd, options.io_timeout_ms);
@@ -272,6 +273,27 @@ Status forward(HttpExchange& ex, const std::string& endpoint, const std::string&
     if (auto cl = parser.content_length()) length = *cl;
   }
   if (parser.is_done()) length = 0;
+  if (held_back != nullptr && static_cast<int>(head.result_int()) == hold_back_status) {
+    // An answer the caller may try elsewhere (a 429): kept, small, and not relayed.
+    HttpReply reply;
+    reply.status = hold_back_status;
+    reply.headers = relayedHeaders(head);
+    reply.headers.emplace_back("Content-Type", content_type);
+    std::vector<char> piece(kPiece);
+    while (!parser.is_done()) {
+      parser.get().body().data = piece.data();
+      parser.get().body().size = piece.size();
+      http::read_some(stream, buffer, parser, ec);
+      if (ec == http::error::need_buffer) ec = {};
+      if (ec) return transportError(endpoint, "reading the answer of", ec);
+      reply.body.append(piece.data(), piece.size() - parser.get().body().size);
+      if (reply.body.size() > kHeldBackLimit) {
+        return Error(ErrorCode::kUnavailable, "the answer of " + endpoint + " is too large for a refusal");
+      }
+    }
+    *held_back = std::move(reply);
+    return okStatus();
+  }
   if (!ex.beginStream(static_cast<int>(head.result_int()), content_type, length, relayedHeaders(head)))
     return okStatus();
   std::vector<char> piece(kPiece);

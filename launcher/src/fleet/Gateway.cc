@@ -392,12 +392,15 @@ std::vector<std::pair<Gateway::NodeRef, Result<fleet::HttpReply>>> Gateway::fanO
 
 // ---- requests -------------------------------------------------------------------------------------------
 
+bool Gateway::acceptsCredentials(std::string_view value) const {
+  if (!startsWith(value, "Bearer ")) return false;
+  return constantTimeEquals(value.substr(7), options_.token);
+}
+
 bool Gateway::authorized(const HttpExchange& ex) const {
   auto it = ex.head().find(http::field::authorization);
   if (it == ex.head().end()) return false;
-  std::string_view value(it->value().data(), it->value().size());
-  if (!startsWith(value, "Bearer ")) return false;
-  return constantTimeEquals(value.substr(7), options_.token);
+  return acceptsCredentials(std::string_view(it->value().data(), it->value().size()));
 }
 
 std::optional<json> Gateway::readJson(HttpExchange& ex, uint64_t limit) {
@@ -452,6 +455,7 @@ void Gateway::handle(HttpExchange& ex) {
     ex.sendError(401, "unauthorized", "missing or wrong bearer token", {{"WWW-Authenticate", "Bearer"}});
     return;
   }
+  ex.markAuthenticated();  // the connection leaves its client's unauthenticated budget
   try {
     if (segs.size() == 1 && segs[0] == "metrics") {
       std::map<std::string, int> counts = {{"healthy", 0}, {"lost", 0}, {"draining", 0}};
@@ -460,6 +464,7 @@ void Gateway::handle(HttpExchange& ex) {
       for (const auto& [state, count] : counts) {
         text += "dsec_fleet_nodes{state=\"" + state + "\"} " + std::to_string(count) + "\n";
       }
+      if (const HttpServer* http = transport()) http->renderMetrics(&text);
       ex.sendText(200, "text/plain; version=0.0.4", text);
       return;
     }
@@ -784,13 +789,15 @@ void Gateway::fleetNodeInfo(HttpExchange& ex) {
     committed += n["memory_committed_bytes"].get<int64_t>();
     sandboxes += n["sandboxes"].get<int64_t>();
   }
-  ex.sendJson(200, json{{"node", "gateway"},
-                        {"fleet", options_.fleet_name},
-                        {"backends", backends},
-                        {"unavailable_backends", json::object()},
-                        {"capacity", {{"memory_bytes", memory}, {"memory_committed_bytes", committed}, {"cpus", cpus}}},
-                        {"sandboxes", sandboxes},
-                        {"nodes", nodes}});
+  json info{{"node", "gateway"},
+            {"fleet", options_.fleet_name},
+            {"backends", backends},
+            {"unavailable_backends", json::object()},
+            {"capacity", {{"memory_bytes", memory}, {"memory_committed_bytes", committed}, {"cpus", cpus}}},
+            {"sandboxes", sandboxes},
+            {"nodes", nodes}};
+  if (const HttpServer* http = transport()) info["http"] = http->info();
+  ex.sendJson(200, info);
 }
 
 void Gateway::forwardToAny(HttpExchange& ex) {

@@ -50,19 +50,22 @@ void Gateway::forwardCall(HttpExchange& ex) {
   std::string failures;
   for (size_t i = 0; i < nodes.size(); ++i) {
     const NodeRef& node = nodes[(first + i) % nodes.size()];
-    auto reply = fleet::call(node.endpoint, http::verb::post, "/v1/call", options_.token, *body,
-                             callOptions(node, kCallIoTimeoutMs));
-    if (!reply.ok()) {
-      DSEC_LOG(kWarn, kLog) << "call on " << node.name << " failed, trying another node: " << reply.error().message();
-      failures += (failures.empty() ? "" : "; ") + node.name + ": " + reply.error().message();
+    // The node's answer goes to the client as it arrives (a call's output can be tens of MiB once escaped):
+    // the gateway never holds it whole. Only a 429 is held back, to try the next node.
+    std::optional<fleet::HttpReply> refused;
+    auto st =
+        fleet::forward(ex, node.endpoint, options_.token, callOptions(node, kCallIoTimeoutMs), &*body, 429, &refused);
+    if (!st.ok()) {
+      DSEC_LOG(kWarn, kLog) << "call on " << node.name << " failed, trying another node: " << st.error().message();
+      failures += (failures.empty() ? "" : "; ") + node.name + ": " + st.error().message();
       watch_cv_.notify_all();  // probe now rather than at the next tick
       continue;
     }
-    if (reply->status == 429) {
-      refusal = std::move(*reply);
+    if (refused) {
+      refusal = std::move(*refused);
       continue;
     }
-    return relayReply(ex, *reply);
+    return;  // relayed (or the client went away meanwhile)
   }
   if (refusal) return relayReply(ex, *refusal);
   ex.sendError(503, "unavailable", "no node of fleet " + options_.fleet_name + " answered the call (" + failures + ")",

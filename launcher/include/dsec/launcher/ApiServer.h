@@ -1,6 +1,6 @@
 // The node API (docs/api.md) on top of HttpServer: authentication, routing, validation and the mapping of
 // dsec errors to HTTP statuses. Every handler turns bad input into a 4xx JSON error; nothing a client sends
-// escapes as an exception.
+// escapes as an exception. Buffered exec and call output is held within one node-wide budget (OutputBudget.h).
 #pragma once
 
 #include <string>
@@ -8,6 +8,7 @@
 #include "dsec/launcher/HttpServer.h"
 #include "dsec/launcher/Metrics.h"
 #include "dsec/launcher/NodeAgent.h"
+#include "dsec/launcher/OutputBudget.h"
 #include "dsec/launcher/Router.h"
 
 namespace dsec::launcher {
@@ -15,11 +16,21 @@ namespace dsec::launcher {
 constexpr uint64_t kJsonBodyLimit = 1 << 20;      // create and other small bodies
 constexpr uint64_t kExecBodyLimit = 64ULL << 20;  // exec carries stdin
 
+struct ApiServerOptions {
+  // The node-wide budget for buffered exec and call output (OutputBudget.h); 0: defaultOutputBudget() of the
+  // node's memory.
+  uint64_t output_budget_bytes = 0;
+  // How long an exec or call waits for answers being written to give budget back before 429.
+  double output_wait_seconds = 5;
+};
+
 class ApiServer : public RequestHandler {
  public:
-  ApiServer(NodeAgent* agent, std::string token) : agent_(agent), token_(std::move(token)) {}
+  ApiServer(NodeAgent* agent, std::string token, const ApiServerOptions& options = {});
   void handle(HttpExchange& ex) override;
   void onResponse(int status) override { agent_->metrics().countHttpRequest(status); }
+  bool acceptsCredentials(std::string_view authorization) const override;
+  OutputBudget& outputBudget() { return output_budget_; }
 
  private:
   void dispatch(HttpExchange& ex, const RouteMatch& m);
@@ -37,8 +48,12 @@ class ApiServer : public RequestHandler {
   void putTar(HttpExchange& ex, const RouteMatch& m);
   void putTarViaFile(HttpExchange& ex, backends::Sandbox& sandbox, const std::string& path);
 
+  void renderMetrics(std::string* out);
+  nlohmann::json nodeInfo();
+
   NodeAgent* agent_;
   std::string token_;
+  OutputBudget output_budget_;
 };
 
 nlohmann::json execResultToJson(const backends::ExecResult& r);

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -57,8 +58,11 @@ Result<HttpReply> call(const std::string& endpoint, boost::beast::http::verb met
 // pieces (uploads, downloads, NDJSON exec output), never whole. `body` is used instead of reading `ex` when
 // the caller already read it (pre_read). Returns an error only when nothing was sent to the client yet (the
 // caller answers, e.g. 503); a failure midway ends the client's response early (the connection closes).
+// With held_back, an answer of status hold_back_status (a 429 the caller tries elsewhere) is read into it
+// (at most 1 MiB) instead of being relayed, and nothing is sent to the client.
 Status forward(HttpExchange& ex, const std::string& endpoint, const std::string& token, const CallOptions& options,
-               const std::string* pre_read_body = nullptr);
+               const std::string* pre_read_body = nullptr, int hold_back_status = 0,
+               std::optional<HttpReply>* held_back = nullptr);
 
 // A node's registration with the gateway: POST /v1/fleet/nodes every `interval` seconds with its name,
 // endpoint, capacity and backends (from its own GET /v1/node), so a restarted gateway relearns the fleet

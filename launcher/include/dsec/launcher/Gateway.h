@@ -88,6 +88,7 @@ class Gateway : public RequestHandler {
   void probeAll();
 
   void handle(HttpExchange& ex) override;
+  bool acceptsCredentials(std::string_view authorization) const override;
 
  private:
   struct Node {

@@ -17,7 +17,17 @@ struct ServeOptions {
   std::string fleet_name = "default";     // fleet file ~/.dsec/fleets/<fleet_name>.json
   std::string node_name = "n0";           // prefix of sandbox ids
   bool write_fleet_file = true;
-  int max_connections = 1024;    // concurrent HTTP connections; more get 503
+  int max_connections = 1024;  // concurrent HTTP connections; more get 503
+  // Against clients that hold connections on purpose (docs/node-agent.md, "Connection budgets"; defaults and
+  // meaning as HttpServerOptions): unauthenticated connections per client (0: min(64, max_connections / 2)),
+  // the request head deadline, and the body's grace time and minimum rate.
+  int max_client_connections = 0;
+  double header_timeout_seconds = 10;
+  double body_timeout_seconds = 10;
+  double body_min_rate = 64 * 1024;
+  // Buffered exec and call output held at once (OutputBudget.h); 0: a sixteenth of the node's memory,
+  // between 64 MiB and 1 GiB.
+  uint64_t output_budget_bytes = 0;
   int64_t max_sandboxes = 4096;  // admission limit for this node; more get 429 capacity
   // Parent of the sandboxes' cgroups. Empty: "dsec" for the default root, else "dsec-<hash of root>", so
   // nodes with different roots on one host (tests, several fleets) never reap each other's sandboxes.
