@@ -64,11 +64,9 @@ int cmdServe(const Invocation& inv) {
   std::string cpu_qos = vm["cpu-qos"].as<std::string>();
   if (cpu_qos != "on" && cpu_qos != "off") throw UsageError("--cpu-qos wants on or off");
   options.cpu_qos = cpu_qos == "on";
-<<<<<<< HEAD
   std::string user_namespaces = vm["user-namespaces"].as<std::string>();
   if (user_namespaces != "on" && user_namespaces != "off") throw UsageError("--user-namespaces wants on or off");
   options.user_namespaces = user_namespaces == "on";
-=======
   if (options.max_connections <= 0) throw UsageError("--max-connections must be > 0");
   if (options.max_client_connections < 0) throw UsageError("--max-client-connections must be >= 0");
   if (!(options.header_timeout_seconds > 0)) throw UsageError("--header-timeout must be > 0");
@@ -80,7 +78,6 @@ int cmdServe(const Invocation& inv) {
     if (budget < (1 << 20)) throw UsageError("--output-budget must be at least 1M");
     options.output_budget_bytes = static_cast<uint64_t>(budget);
   }
->>>>>>> sec-http
   if (vm.count("memory-capacity")) {
     options.memory_capacity_bytes = parseSizeOption("memory-capacity", vm["memory-capacity"].as<std::string>());
   }
