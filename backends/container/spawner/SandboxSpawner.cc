@@ -235,10 +235,10 @@ int spawnOne(const Request& r) {
 }  // namespace
 
 int main() {
-  // Nothing of ours may be read through /proc or ptrace, and we go when the agent goes.
+  // Nothing of ours may be read through /proc or ptrace. We go when the agent goes: its end of the channel closes
+  // with it. (Not PR_SET_PDEATHSIG: that fires when the agent *thread* that started us ends, and any of its
+  // request threads may be the one.)
   prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
-  prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
-  if (getppid() == 1) return 1;
   signal(SIGPIPE, SIG_IGN);
   g_own_pidns = open("/proc/self/ns/pid", O_RDONLY | O_CLOEXEC);
   if (g_own_pidns < 0) return 2;

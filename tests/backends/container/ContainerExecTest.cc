@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <thread>
 
 #include "ContainerTestSupport.h"
@@ -243,6 +244,32 @@ TEST_F(ContainerTest, StreamingExec) {
   EXPECT_EQ(sink.out, "1\n2\n3\n");
   EXPECT_EQ(sink.err, "e\n");
   EXPECT_GE(sink.chunks, 2);  // delivered as it came, not at the end
+}
+
+// The pids of this process's children that are command spawners.
+std::vector<std::string> spawnerPids() {
+  std::vector<std::string> out;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/task")) {
+    auto children = readFile(entry.path().string() + "/children");
+    if (!children.ok()) continue;
+    for (const auto& pid : split(trim(*children), ' ')) {
+      auto comm = readFile("/proc/" + pid + "/comm");
+      if (!pid.empty() && comm.ok() && trim(*comm) == "dsec-sandbox-sp") out.push_back(pid);
+    }
+  }
+  return out;
+}
+
+TEST_F(ContainerTest, SpawnerOutlivesTheThreadThatStartedIt) {
+  auto& sb = create();
+  // Request threads come and go; the spawner one of them started must stay for the others.
+  std::thread([&] { EXPECT_EQ(sh(sb, "echo first").stdout_data, "first\n"); }).join();
+  auto before = spawnerPids();
+  ASSERT_EQ(before.size(), 1u);
+  for (int i = 0; i < 5; ++i) {
+    std::thread([&] { EXPECT_EQ(sh(sb, "echo again").stdout_data, "again\n"); }).join();
+  }
+  EXPECT_EQ(spawnerPids(), before) << "the spawner was replaced";
 }
 
 }  // namespace
