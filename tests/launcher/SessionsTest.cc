@@ -378,8 +378,14 @@ TEST_F(SessionApiTest, RetentionAfterLapseDestroysEverything) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   EXPECT_EQ(client_->get("/v1/sessions/short").status, 404) << "the session outlived lease + retention";
-  EXPECT_EQ(client_->get(sandboxPath(a)).status, 404);
-  EXPECT_EQ(client_->get(sandboxPath(b)).status, 404);
+  // The node drops the session first, then destroys its sandboxes (each a kill and wait): give it a moment.
+  for (const auto& id : {a, b}) {
+    for (double until = monotonicSeconds() + 10;
+         monotonicSeconds() < until && client_->get(sandboxPath(id)).status == 200;) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    EXPECT_EQ(client_->get(sandboxPath(id)).status, 404) << id << " outlived its session";
+  }
   EXPECT_FALSE(cgroupExists(a)) << "cgroup of a reaped session sandbox left behind";
   EXPECT_FALSE(cgroupExists(b));
   EXPECT_NE(::access((root_->path() + "/state/sandboxes/" + a + ".json").c_str(), F_OK), 0);

@@ -49,9 +49,9 @@ sandbox_cgroups() { find /sys/fs/cgroup/*/"$CGROUP_PARENT" /sys/fs/cgroup/"$CGRO
 # srun on two nodes: each task runs inside a sandbox (its hostname, pid 1 = dsec-sandbox-init, overlay root).
 t_two_nodes() {
     run srun -N2 -n2 --dsec-image=$IMAGE sh -c \
-        'echo "host=$(hostname) pid1=$(cat /proc/1/cmdline | tr "\0" " ") image=$(cat /etc/dsec-test-image)"; grep " / " /proc/mounts'
+        'echo "host=$(hostname) pid1=$(tr "\0" "\n" </proc/1/cmdline | head -1) image=$(cat /etc/dsec-test-image)"; grep " / " /proc/mounts'
     expect_ok "srun --dsec-image on 2 nodes"
-    expect_out_count '^host=n[0-9]+-[0-9]+\.0 pid1=dsec-sandbox-init  ?image=dsec test image$' 2 "a sandbox on each node"
+    expect_out_count '^host=n[0-9]+-[0-9]+\.0 pid1=dsec-sandbox-init image=dsec test image$' 2 "a sandbox on each node"
     expect_out_count '^overlay / overlay ' 2 "overlay root in each sandbox"
     local hosts; hosts=$(grep -Eo '^host=n[0-9]+' "$OUT" | sort -u | wc -l)
     [ "$hosts" = 2 ] || { show; fail "want sandboxes on 2 different nodes, got $hosts"; }
@@ -72,7 +72,7 @@ t_shared_sandbox() {
 t_job_user() {
     local uid; uid=$(id -u "$TEST_USER") || fail "no user $TEST_USER (slurm_cluster_start creates it)"
     run runuser -u "$TEST_USER" -- env SLURM_CONF="$SLURM_CONF" srun -N1 --dsec-image=$IMAGE sh -c \
-        'echo "uid=$(id -u) pid1=$(cat /proc/1/cmdline | tr -d "\0") host=$(hostname)"; touch /etc/x 2>/dev/null && echo wrote-etc; exit 0'
+        'echo "uid=$(id -u) pid1=$(tr "\0" "\n" </proc/1/cmdline | head -1) host=$(hostname)"; touch /etc/x 2>/dev/null && echo wrote-etc; exit 0'
     expect_ok "srun as $TEST_USER"
     expect_out "^uid=$uid pid1=dsec-sandbox-init host=n[0-9]+-[0-9]+\.0$" "the task runs as $TEST_USER inside the sandbox"
     if grep -c wrote-etc "$OUT" >/dev/null; then show; fail "an unprivileged task could write /etc"; fi
@@ -112,7 +112,7 @@ t_sbatch() {
     local log; log=$(mktemp -p /tmp dsec-sbatch.XXXXXX)
     chmod 666 "$log"
     run sbatch --wait -N1 -o "$log" --dsec-image=$IMAGE \
-        --wrap 'echo "host=$(hostname) pid1=$(cat /proc/1/cmdline | tr -d "\0") image=$(cat /etc/dsec-test-image)"'
+        --wrap 'echo "host=$(hostname) pid1=$(tr "\0" "\n" </proc/1/cmdline | head -1) image=$(cat /etc/dsec-test-image)"'
     cat "$log" >>"$OUT"; rm -f "$log"
     expect_ok "sbatch --wait --dsec-image"
     expect_out '^host=n[0-9]+-[0-9]+\.batch pid1=dsec-sandbox-init image=dsec test image$' "the batch script ran in a sandbox"
