@@ -21,7 +21,7 @@ using boost::beast::http::verb;
 // One file "hello.txt" in a ustar archive.
 std::string tinyTar() {
   std::string header(512, '\0');
-  auto put = [&](size_t off, const std::string& v) { std::copy(v.begin(), v.end(), header.begin() + off); };
+  auto put = [&](size_t off, const std::string& v) { header.replace(off, v.size(), v); };
   put(0, "hello.txt");
   put(100, "0000644");
   put(108, "0000000");
