@@ -285,12 +285,22 @@ class CgroupV1 final : public Cgroup {
     Status s = fs_->writeFile(file(layout_->memory, "memory.limit_in_bytes"), value);
     if (s.ok()) {
       if (has_memsw) DSEC_TRY(write(layout_->memory, "memory.memsw.limit_in_bytes", value));
-      return okStatus();
+      return setSocketMemoryLimit(value);
     }
     if (!has_memsw || s.error().sysErrno() != EINVAL)
       return s.error().wrap("cgroup " + name_ + ": setting memory limit");
     DSEC_TRY(write(layout_->memory, "memory.memsw.limit_in_bytes", value));
-    return write(layout_->memory, "memory.limit_in_bytes", value);
+    DSEC_TRY(write(layout_->memory, "memory.limit_in_bytes", value));
+    return setSocketMemoryLimit(value);
+  }
+
+  // v1 charges socket buffers to a cgroup only once it has a TCP limit of its own (v2 counts them in memory.max):
+  // without one, a sandbox of 64 MiB pinned hundreds of MiB of the node's TCP memory (net.ipv4.tcp_mem, one budget
+  // for every socket of the node) through its own loopback, on its way to starving the node's TCP. The same limit
+  // again, so a sandbox's socket buffers are bounded like the rest of its memory.
+  Status setSocketMemoryLimit(const std::string& value) {
+    if (!fs_->exists(file(layout_->memory, "memory.kmem.tcp.limit_in_bytes"))) return okStatus();
+    return write(layout_->memory, "memory.kmem.tcp.limit_in_bytes", value);
   }
 
   Status waitFreezerState(const char* want) {

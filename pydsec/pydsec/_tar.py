@@ -77,6 +77,7 @@ def extract_stream(fileobj: Any, local_dir: str) -> int:
     os.makedirs(local_dir, exist_ok=True)
     root = os.path.realpath(local_dir)
     dir_times: List[Tuple[str, int, float]] = []
+    symlinks: List[Tuple[str, str]] = []
     count = 0
     with tarfile.open(fileobj=fileobj, mode="r|*", bufsize=_COPY_BUFSIZE) as tar:
         for member in tar:
@@ -114,6 +115,7 @@ def extract_stream(fileobj: Any, local_dir: str) -> int:
                     raise UnsafeArchiveError(f"refusing symlink {member.name!r} -> {link!r}: points outside")
                 _clear(target)
                 os.symlink(link, target)
+                symlinks.append((target, member.name))
             elif member.islnk():
                 source = _member_path(root, member.linkname)
                 if not _inside(root, os.path.realpath(source)) or os.path.islink(source):
@@ -123,6 +125,15 @@ def extract_stream(fileobj: Any, local_dir: str) -> int:
             else:
                 continue  # device nodes, fifos: never needed on the client side
             count += 1
+    # A link checked when it was made can point elsewhere once a later member replaced a link or directory its target
+    # goes through (p -> a/b/c, then x -> p/../.., then p -> . leaves x pointing above the destination): check them
+    # all again against the finished tree, and take away any that now leads outside.
+    escaped = [(path, name) for path, name in symlinks
+               if os.path.islink(path) and not _inside(root, os.path.realpath(path))]
+    for path, _ in escaped:
+        os.unlink(path)
+    if escaped:
+        raise UnsafeArchiveError(f"refusing symlink {escaped[0][1]!r}: a later member made it point outside")
     # Directory modes and times last: extracting into a directory changes its mtime and may need write access.
     for path, mode, mtime in reversed(dir_times):
         os.chmod(path, mode)

@@ -58,6 +58,8 @@ TEST_F(CgroupV1Test, CreateMakesParentAndDirsAndWritesLimits) {
   }
   EXPECT_EQ(state_->file(file("memory", "sb1", "memory.limit_in_bytes")), "67108864");
   EXPECT_EQ(state_->file(file("memory", "sb1", "memory.memsw.limit_in_bytes")), "67108864");
+  // Socket buffers are bounded too: v1 charges them only under a TCP limit of the cgroup's own.
+  EXPECT_EQ(state_->file(file("memory", "sb1", "memory.kmem.tcp.limit_in_bytes")), "67108864");
   EXPECT_EQ(state_->file(file("cpu", "sb1", "cpu.cfs_quota_us")), "50000");
   EXPECT_EQ(state_->file(file("cpu", "sb1", "cpu.shares")), "2048");
   EXPECT_EQ(state_->file(file("pids", "sb1", "pids.max")), "32");
@@ -168,9 +170,11 @@ TEST_F(CgroupV1Test, SetLimitsRaisesAndLowersRespectingMemsw) {
   // Zero means unlimited again, for every limit.
   EXPECT_EQ(state_->file(file("cpu", "sb", "cpu.cfs_quota_us")), "-1");
   EXPECT_EQ(state_->file(file("pids", "sb", "pids.max")), "max");
+  EXPECT_EQ(state_->file(file("memory", "sb", "memory.kmem.tcp.limit_in_bytes")), "33554432");
   ASSERT_OK((*cg)->setLimits({}));
   EXPECT_EQ(state_->file(file("memory", "sb", "memory.limit_in_bytes")), "-1");
   EXPECT_EQ(state_->file(file("memory", "sb", "memory.memsw.limit_in_bytes")), "-1");
+  EXPECT_EQ(state_->file(file("memory", "sb", "memory.kmem.tcp.limit_in_bytes")), "-1");
 }
 
 TEST_F(CgroupV1Test, AttachJoinsEveryHierarchy) {

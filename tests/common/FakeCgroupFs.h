@@ -300,7 +300,8 @@ inline void setUpFakeV1Tree(FakeCgroupFs::State& s, const std::string& root, boo
                    {"memory.usage_in_bytes", "4096"},
                    {"memory.max_usage_in_bytes", "8192"},
                    {"memory.oom_control", "oom_kill_disable 0\nunder_oom 0\noom_kill 2\n"},
-                   {"memory.force_empty", ""}};
+                   {"memory.force_empty", ""},
+                   {"memory.kmem.tcp.limit_in_bytes", "9223372036854771712"}};
   if (memsw) per["memory"]["memory.memsw.limit_in_bytes"] = "9223372036854771712";
   std::map<std::string, std::string> cpu = {{"cgroup.procs", ""},
                                             {"cpu.cfs_quota_us", "-1"},

@@ -105,6 +105,22 @@ def test_symlink_chain_cannot_redirect_later_members(tmp_path):
     assert not (outside / "pwned").exists()
 
 
+@pytest.mark.parametrize("replacement", [("p", "sym", "."), ("p", "dir", None)])
+def test_a_later_member_cannot_turn_a_checked_symlink_outward(tmp_path, replacement):
+    # x -> p/../.. stays inside while p -> a/b/c; once p is replaced by "." (or a plain directory) x leads above dst.
+    dst = tmp_path / "dst"
+    entries = [("p", "sym", "a/b/c"), ("x", "sym", "p/../.."), replacement]
+    with pytest.raises(pydsec.UnsafeArchiveError, match="outside"):
+        extract(make_tar(entries), dst)
+    root = str(dst.resolve())
+    for dirpath, dirnames, filenames in os.walk(dst):
+        for name in dirnames + filenames:
+            path = os.path.join(dirpath, name)
+            if os.path.islink(path):
+                real = os.path.realpath(path)
+                assert real == root or real.startswith(root + os.sep), (path, os.readlink(path), real)
+
+
 def test_never_writes_through_existing_symlink(tmp_path):
     victim = tmp_path / "victim"
     victim.write_text("keep")

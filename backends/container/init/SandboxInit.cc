@@ -39,6 +39,9 @@ namespace {
 
 namespace proto = dsec::backends::init_protocol;
 
+// Terminals one sandbox may hold at once (its devpts instance's max=): plenty for shells, tmux and test harnesses.
+constexpr int kMaxPtys = 128;
+
 enum class Network { kNone, kEgress, kHost };
 
 struct Config {
@@ -382,9 +385,11 @@ void mountDev(const char* root) {
   }
   check("mount_dev", mkdir(joinPath(dev, "pts"), 0755), "mkdir /dev/pts");
   check("mount_dev", mkdir(joinPath(dev, "shm"), 01777), "mkdir /dev/shm");
-  check("mount_dev",
-        mount("devpts", joinPath(dev, "pts"), "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620"),
-        "mount devpts");
+  // max: every devpts instance but the host's draws from one node-wide pool (kernel.pty.max less pty.reserve, 3072
+  // by default); without a cap one sandbox took all of it and no other sandbox could open a terminal.
+  appendNum(g_opts, appendStr(g_opts, 0, sizeof g_opts, "newinstance,ptmxmode=0666,mode=0620,max="), sizeof g_opts,
+            kMaxPtys);
+  check("mount_dev", mount("devpts", joinPath(dev, "pts"), "devpts", MS_NOSUID | MS_NOEXEC, g_opts), "mount devpts");
   if (g_cfg.read_only_root) {
     // Its own size-limited /dev/shm, and the ipc namespace's POSIX message queues made visible, so whoever
     // runs work in turns (fncall) can list and remove what one turn left there.

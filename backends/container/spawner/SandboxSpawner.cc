@@ -34,7 +34,15 @@ char g_strings[proto::kMaxStringBytes + 1];
 char* g_argv[kMaxArgs + 1];
 char* g_envp[kMaxArgs + 1];
 char* g_candidates[kMaxArgs + 1];
-int g_own_pidns = -1;
+
+// The spawner's own namespaces, which it returns to after every clone (see spawnOne).
+struct OwnNamespace {
+  int type;
+  const char* name;
+  int fd;
+};
+OwnNamespace g_own_ns[] = {{CLONE_NEWPID, "pid", -1}, {CLONE_NEWNS, "mnt", -1},  {CLONE_NEWNET, "net", -1},
+                           {CLONE_NEWUTS, "uts", -1}, {CLONE_NEWIPC, "ipc", -1}, {CLONE_NEWCGROUP, "cgroup", -1}};
 
 struct Request {
   proto::RequestHeader header;
@@ -140,23 +148,24 @@ bool receiveStrings(Request& r) {
   const proto::RequestHeader& h = r.header;
   const int init_pidfd = r.fds[0];
   const int status_fd = r.fds[4];
-  close(proto::kChannelFd);  // the agent's channel is no business of the command's
+  close(proto::kChannelFd);                        // the agent's channel is no business of the command's
+  for (const auto& own : g_own_ns) close(own.fd);  // nor are the node's namespaces
   // Into the sandbox cgroup first, while still host root (the files are the host's).
   for (uint32_t i = 0; i < h.nprocs; ++i) {
     if (write(r.fds[proto::kFixedFds + i], "0", 1) != 1) childFail(status_fd, proto::kStepCgroup);
     close(r.fds[proto::kFixedFds + i]);  // host files: not held a moment longer than needed
   }
-  // The spawner's own OOM protection must not be inherited by sandbox workloads.
+  // The spawner's own OOM protection must not be inherited by sandbox workloads. (This /proc is the one the sandbox's
+  // init mounted: nothing inside may mount over it.)
   int oom_fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
   if (oom_fd >= 0) {
     (void)!write(oom_fd, "0", 1);
     close(oom_fd);
   }
-  // One setns joins every namespace at once: the user namespace first, then the rest with its credentials. The
-  // mount namespace brings the root and cwd to the sandbox's root (what its init pivoted to).
-  int ns = h.namespace_flags | ((h.flags & proto::kUserNamespace) != 0 ? CLONE_NEWUSER : 0);
-  if (setns(init_pidfd, ns) < 0) childFail(status_fd, proto::kStepSetns);
+  // Born in every other namespace of the sandbox (spawnOne), with its root and cwd at the sandbox's root; the user
+  // namespace is the last step: from here on it is the sandbox's root.
   if ((h.flags & proto::kUserNamespace) != 0) {
+    if (setns(init_pidfd, CLONE_NEWUSER) < 0) childFail(status_fd, proto::kStepSetns);
     if (setresgid(0, 0, 0) < 0 || setgroups(0, nullptr) < 0 || setresuid(0, 0, 0) < 0) {
       childFail(status_fd, proto::kStepIds);
     }
@@ -220,15 +229,28 @@ bool receiveStrings(Request& r) {
   childFail(status_fd, proto::kStepExec);
 }
 
-// Clones the child into the sandbox's pid namespace; returns its pid (in ours) or -errno.
+// Back to our own namespaces of the kinds in flags; failing that, we would start the next command in the wrong
+// sandbox: stop instead (the agent starts a new spawner).
+void returnHome(int flags) {
+  for (const auto& own : g_own_ns) {
+    if ((flags & own.type) != 0 && setns(own.fd, own.type) < 0) _exit(3);
+  }
+}
+
+// Clones the child into the sandbox; returns its pid (in ours) or -errno.
+//
+// The child appears in the sandbox's pid namespace the moment it is cloned, and root inside may read the /proc files
+// of any process it sees that need no ptrace access: net/* (the process's network namespace: interfaces, sockets,
+// routes), mountinfo (its mount table), cgroup. So it is born in the sandbox's other namespaces already: we enter
+// them (all but the user namespace, which the child joins last) around the clone. Nothing inside sees us meanwhile:
+// we live in the node's pid namespace.
 int spawnOne(const Request& r) {
-  if (setns(r.fds[0], CLONE_NEWPID) < 0) return -errno;
+  const int enter = CLONE_NEWPID | r.header.namespace_flags;
+  if (setns(r.fds[0], enter) < 0) return -errno;  // all or nothing: still at home
   long pid = syscall(SYS_clone, CLONE_PARENT | SIGCHLD, nullptr, nullptr, nullptr, 0);
   if (pid == 0) runChild(r);
   int err = errno;
-  // Back to our own pid namespace for children; failing that, we would start the next command in the wrong
-  // sandbox: stop instead (the agent starts a new spawner).
-  if (setns(g_own_pidns, CLONE_NEWPID) < 0) _exit(3);
+  returnHome(enter);
   return pid < 0 ? -err : static_cast<int>(pid);
 }
 
@@ -240,8 +262,12 @@ int main() {
   // request threads may be the one.)
   prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
   signal(SIGPIPE, SIG_IGN);
-  g_own_pidns = open("/proc/self/ns/pid", O_RDONLY | O_CLOEXEC);
-  if (g_own_pidns < 0) return 2;
+  for (auto& own : g_own_ns) {
+    char path[64] = "/proc/self/ns/";
+    strncat(path, own.name, sizeof path - strlen(path) - 1);
+    own.fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (own.fd < 0) return 2;
+  }
   proto::SetupHeader setup;
   if (!readFull(proto::kChannelFd, &setup, sizeof setup) || setup.magic != proto::kSetupMagic ||
       setup.bpf_len > proto::kMaxBpfInstructions ||

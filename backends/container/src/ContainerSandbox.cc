@@ -284,6 +284,9 @@ Status ContainerSandbox::setMemoryLimit(int64_t bytes) {
       s = writeControl(memsw, value);
       if (s.ok()) s = writeControl(memory_dir_ + "/memory.limit_in_bytes", value);
     }
+    // Socket buffers follow the memory limit (Cgroup v1 charges them only under a TCP limit of their own).
+    const std::string tcp = memory_dir_ + "/memory.kmem.tcp.limit_in_bytes";
+    if (s.ok() && access(tcp.c_str(), F_OK) == 0) s = writeControl(tcp, value);
   }
   if (!s.ok() && s.error().sysErrno() == EBUSY) {
     // v1 refuses a limit below what it cannot reclaim of the current usage.

@@ -43,6 +43,13 @@ std::string ruleset(const std::string& subnet) {
          "    type filter hook input priority filter - 10; policy accept;\n"
          "    iifname \"dsv*\" drop\n"
          "  }\n"
+         // The node's own packets to a sandbox (any local user's) leave through output, not forward: only
+         // answers and errors (PMTU, unreachable) about the sandbox's own connections go in.
+         "  chain output {\n"
+         "    type filter hook output priority filter - 10; policy accept;\n"
+         "    oifname \"dsv*\" ct state established,related accept\n"
+         "    oifname \"dsv*\" drop\n"
+         "  }\n"
          "  chain forward {\n"
          "    type filter hook forward priority filter - 10; policy accept;\n"
          "    oifname \"dsv*\" ct state established,related accept\n"

@@ -72,8 +72,14 @@ constexpr const char* kDenied[] = {
     "lsm_set_self_attr",
 };
 
-constexpr unsigned long kNamespaceFlags[] = {CLONE_NEWNS,  CLONE_NEWUTS, CLONE_NEWIPC,    CLONE_NEWUSER,
-                                             CLONE_NEWPID, CLONE_NEWNET, CLONE_NEWCGROUP, 0x00000080 /* NEWTIME */};
+// clone flags refused: new namespaces, and CLONE_PARENT. Every command is the agent's child (the spawner clones it
+// with CLONE_PARENT so the agent can wait for it); a command's own CLONE_PARENT children were the agent's too, which
+// waits only for the commands it started: they stayed zombies in the sandbox's pid namespace, and its init, which
+// on exit waits until every process of the namespace is reaped, never finished dying (destroy timed out, the init
+// and the zombies kept their pids for good).
+constexpr unsigned long kDeniedCloneFlags[] = {CLONE_NEWNS,  CLONE_NEWUTS, CLONE_NEWIPC,    CLONE_NEWUSER,
+                                               CLONE_NEWPID, CLONE_NEWNET, CLONE_NEWCGROUP, 0x00000080 /* NEWTIME */,
+                                               CLONE_PARENT};
 
 struct CtxDeleter {
   void operator()(scmp_filter_ctx ctx) const { seccomp_release(ctx); }
@@ -109,7 +115,16 @@ Result<std::vector<sock_filter>> buildSandboxSeccompFilter() {
       return Error::sys(-rc, "seccomp rule for clone3");
     }
   }
-  for (unsigned long flag : kNamespaceFlags) {
+  // Native AIO contexts come out of one node-wide budget (fs.aio-max-nr, not per namespace, user or cgroup): a
+  // sandbox that took it all left every other process on the node, host root included, with EAGAIN. ENOSYS reads as
+  // a kernel built without AIO, which portable callers handle (POSIX AIO in libc uses threads, not this).
+  int io_setup_nr = seccomp_syscall_resolve_name("io_setup");
+  if (io_setup_nr != __NR_SCMP_ERROR) {
+    if (int rc = seccomp_rule_add(ctx.get(), SCMP_ACT_ERRNO(ENOSYS), io_setup_nr, 0); rc < 0) {
+      return Error::sys(-rc, "seccomp rule for io_setup");
+    }
+  }
+  for (unsigned long flag : kDeniedCloneFlags) {
     if (int rc = seccomp_rule_add(ctx.get(), SCMP_ACT_ERRNO(EPERM), SCMP_SYS(clone), 1,
                                   SCMP_A0(SCMP_CMP_MASKED_EQ, flag, flag));
         rc < 0) {

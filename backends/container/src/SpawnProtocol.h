@@ -3,13 +3,16 @@
 //
 // The spawner is a fresh exec of a small static program, so nothing of the agent's memory (tokens, other requests)
 // is in it; it is undumpable, and it lives in the host's namespaces, where no sandbox can see it. It starts every
-// command that runs inside a sandbox: for each request it points its pid namespace for children at the sandbox's,
-// clones a child with CLONE_PARENT (the agent's child, so the agent waits for it and reads its exit status), and
-// answers with the child's pid at once, without waiting for it. The child joins the cgroup, then (one setns
-// through the init's pidfd) the sandbox's user and other namespaces, becomes the sandbox's root, drops to the
-// sandbox's capabilities, no_new_privs and seccomp filter, and execs. Until it is in the sandbox's user namespace it
-// is host root, out of reach of everything inside; from then on it holds only a copy of the spawner's memory,
-// undumpable, and a process inside that stops it delays only that command (the agent's timeouts still apply).
+// command that runs inside a sandbox: for each request it enters the sandbox's namespaces but the user namespace
+// (pid for children, mount, network, uts, ipc, cgroup: one setns through the init's pidfd), clones a child with
+// CLONE_PARENT (the agent's child, so the agent waits for it and reads its exit status), returns to its own
+// namespaces and answers with the child's pid at once, without waiting for it. The child is visible inside from the
+// clone on, and some /proc files of a visible process need no ptrace access (net/*, mountinfo): born in the
+// sandbox's namespaces, it shows only the sandbox's. It joins the cgroup, then the sandbox's user namespace, becomes
+// the sandbox's root, drops to the sandbox's capabilities, no_new_privs and seccomp filter, and execs. Until it is
+// in the sandbox's user namespace it is host root, out of reach of everything inside; from then on it holds only a
+// copy of the spawner's memory, undumpable, and a process inside that stops it delays only that command (the
+// agent's timeouts still apply).
 //
 // fd 3 of the spawner is a unix stream socket to the agent.
 //   agent -> spawner, once: SetupHeader, then the seccomp filter (sock_filter[bpf_len]).
@@ -46,7 +49,7 @@ enum RequestFlags : uint32_t {
 struct RequestHeader {
   uint32_t magic;
   uint32_t flags;
-  int32_t namespace_flags;  // CLONE_NEW* to join besides the pid namespace (which the child is born in)
+  int32_t namespace_flags;  // CLONE_NEW* the child is born in besides the pid namespace (never CLONE_NEWUSER)
   int32_t sched_policy;     // -1: keep
   uint64_t keep_caps;
   uint32_t argc, envc, ncandidates;
