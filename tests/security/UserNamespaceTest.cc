@@ -10,6 +10,7 @@
 #include <string>
 
 #include "../backends/container/ContainerTestSupport.h"
+#include "UserNamespace.h"
 #include "dsec/common/Strings.h"
 
 namespace dsec::testing {
@@ -124,6 +125,46 @@ TEST_F(ContainerTest, RootInsideHasNoPrivilegeOverTheHostsFiles) {
   EXPECT_NE(r.stdout_data.find("sysctl-refused"), std::string::npos) << r.stdout_data;
   EXPECT_NE(r.stdout_data.find("NoNewPrivs:\t1"), std::string::npos) << r.stdout_data;
   EXPECT_NE(r.stdout_data.find("Seccomp:\t2"), std::string::npos) << r.stdout_data;
+}
+
+TEST(IdRanges, RefusedWhenAHostUsersSubordinateIdsOverlapThem) {
+  DSEC_SKIP_UNLESS_ROOT();  // the lease directory must be root's
+  TempDir dir;
+  const std::string subuid = dir.path() + "/subuid";
+  backends::IdRangeOptions options;
+  options.lease_dir = dir.path() + "/leases";
+  options.subordinate_id_files = {subuid};
+  ASSERT_OK(writeFile(subuid, "alice:100000:65536\n"));
+  ASSERT_OK(backends::IdRangeAllocator(options).prepare());
+  // A user who holds ids a sandbox's root may map to could signal or ptrace that sandbox's processes.
+  ASSERT_OK(
+      writeFile(subuid, "alice:100000:65536\nmallory:" + std::to_string(options.first_host_id + 70000) + ":65536\n"));
+  auto refused = backends::IdRangeAllocator(options).prepare();
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.error().message().find("mallory"), std::string::npos) << refused.error().message();
+}
+
+TEST(IdRanges, NoTwoLeasesShareARange) {
+  DSEC_SKIP_UNLESS_ROOT();
+  TempDir dir;
+  backends::IdRangeOptions options;
+  options.lease_dir = dir.path() + "/leases";
+  options.count = 3;
+  backends::IdRangeAllocator a(options), b(options);  // two agents on one node
+  ASSERT_OK(a.prepare());
+  auto first = a.acquire();
+  auto second = b.acquire();
+  auto third = a.acquire();
+  ASSERT_OK(first);
+  ASSERT_OK(second);
+  ASSERT_OK(third);
+  std::set<uint32_t> bases = {first->host_base, second->host_base, third->host_base};
+  EXPECT_EQ(bases.size(), 3u);
+  EXPECT_FALSE(b.acquire().ok()) << "a fourth lease out of three ranges";
+  third->lock_fd.reset();  // its sandbox is gone
+  auto again = b.acquire();
+  ASSERT_OK(again);
+  EXPECT_EQ(again->host_base, third->host_base);
 }
 
 }  // namespace

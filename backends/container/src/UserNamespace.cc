@@ -12,11 +12,32 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 #include "dsec/common/Strings.h"
 
 namespace dsec::backends {
+
+namespace {
+
+// A subordinate id range of a host user ("name:first:count" in /etc/subuid or /etc/subgid) that overlaps
+// [first, end): that user could take a sandbox root's host id and signal or ptrace its processes.
+std::string overlappingSubordinateRange(const std::string& file, uint64_t first, uint64_t end) {
+  auto text = readFile(file);
+  if (!text.ok()) return "";
+  for (const auto& line : split(*text, '\n')) {
+    auto fields = split(trim(line), ':');
+    if (fields.size() != 3 || fields[1].empty() || fields[2].empty()) continue;
+    char* stop = nullptr;
+    uint64_t start = std::strtoull(fields[1].c_str(), &stop, 10);
+    uint64_t count = std::strtoull(fields[2].c_str(), &stop, 10);
+    if (start < end && start + count > first) return file + ": " + trim(line);
+  }
+  return "";
+}
+
+}  // namespace
 
 IdRangeAllocator::IdRangeAllocator(IdRangeOptions options) : options_(std::move(options)) {}
 
@@ -28,6 +49,14 @@ Status IdRangeAllocator::prepare() {
   }
   // 2^32-1 is the invalid id; stay below it (and below the ids some tools read as negative).
   if (end > (uint64_t{1} << 32) - 1) return Error::invalid("host id ranges reach past 2^32-1");
+  for (const auto& file : options_.subordinate_id_files) {
+    std::string overlap = overlappingSubordinateRange(file, options_.first_host_id, end);
+    if (!overlap.empty()) {
+      return Error::invalid("the sandboxes' host id ranges (" + std::to_string(options_.first_host_id) + " to " +
+                            std::to_string(end - 1) + ") overlap a subordinate range a host user holds (" + overlap +
+                            "): choose other ranges for sandboxes");
+    }
+  }
   DSEC_TRY(makeDirs(options_.lease_dir, 0700));
   // Not following a symlink planted by someone else: the directory must be root's and private.
   struct stat st {};

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "dsec/common/Fd.h"
 #include "dsec/common/Result.h"
@@ -26,6 +27,8 @@ struct IdRangeOptions {
   std::string lease_dir = "/run/dsec/idranges";
   uint32_t first_host_id = 0x40000000;  // 1073741824: far above login users and the usual subordinate ranges
   uint32_t count = 16384;               // ranges available (16384 * 65536 ids end at 2^31)
+  // Host users' subordinate id ranges: none may overlap the sandboxes'.
+  std::vector<std::string> subordinate_id_files = {"/etc/subuid", "/etc/subgid"};
 };
 
 // A leased range; the lock lives in lock_fd (and in every copy of that file description).
