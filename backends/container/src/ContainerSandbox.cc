@@ -116,7 +116,9 @@ ContainerSandbox::ContainerSandbox(std::shared_ptr<ContainerShared> shared, Sand
       procs_files_(cgroupJoinFiles(*cgroup_)),
       memory_dir_(memoryControlDir(*cgroup_)),
       state_(paused ? SandboxState::kPaused : SandboxState::kRunning),
-      oom_seen_(oom_kills) {}
+      oom_seen_(oom_kills) {
+  for (const auto& f : procs_files_) procs_fds_.emplace_back(open(f.c_str(), O_WRONLY | O_CLOEXEC));
+}
 
 // Dropping the handle does not destroy the sandbox: it keeps running for a restarted agent to adopt.
 ContainerSandbox::~ContainerSandbox() {
@@ -230,6 +232,7 @@ Status ContainerSandbox::destroy() {
     idle_.wait(lock, [&] { return users_ == 0; });
   }
   root_fd_.reset();  // the last reference to the overlay and its upper: the memory goes back now
+  procs_fds_.clear();  // no command is being started any more (no users)
   // Normally the namespace died with its init and the cgroup is empty already; killAll (a freeze/kill/thaw
   // cycle on v1, which patches kernel text on every freeze) is only for stragglers.
   auto left = cgroup_->pids();

@@ -110,6 +110,9 @@ class ContainerSandbox : public Sandbox {
   UniqueFd root_fd_;
   std::unique_ptr<Cgroup> cgroup_;
   std::vector<std::string> procs_files_;  // the cgroup's files a new command writes "0" into to join it
+  // Those files opened for writing once (host files: never passed on to anything inside), so a command costs no
+  // opens; a file that could not be opened is retried by name at the command.
+  std::vector<UniqueFd> procs_fds_;
   // The memory controller's directory (found from the cgroup's procs files) for setMemoryLimit; "" = none.
   std::string memory_dir_;
   std::mutex memory_mu_;  // one limit change at a time (v1 writes two files in a value-dependent order)
