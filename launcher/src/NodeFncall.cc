@@ -1,5 +1,6 @@
 #include "dsec/launcher/NodeFncall.h"
 
+#include "dsec/backends/ForwardingSandbox.h"
 #include "dsec/backends/fncall/FunctionService.h"
 #include "dsec/common/Logging.h"
 #include "dsec/fs3/LayerRef.h"
@@ -8,55 +9,27 @@ namespace dsec::launcher {
 namespace {
 
 constexpr const char* kLog = "fncall";
-using backends::ExecRequest;
 using backends::ExecResult;
-using backends::ExecSink;
-using backends::FileStat;
-using backends::LongRunningProcess;
 using backends::Sandbox;
 using backends::SandboxSpec;
-using backends::SandboxState;
-using backends::SandboxUsage;
 
-class MountedSandbox : public Sandbox {
+// A worker sandbox that keeps its image's layers mounted for as long as it lives. Every operation is
+// ForwardingSandbox's: this class adds only the order of teardown.
+class MountedSandbox : public backends::ForwardingSandbox {
  public:
   MountedSandbox(std::unique_ptr<fs3::ImageMount> mount, std::unique_ptr<Sandbox> sandbox)
-      : mount_(std::move(mount)), sandbox_(std::move(sandbox)) {}
+      : ForwardingSandbox(std::move(sandbox)), mount_(std::move(mount)) {}
   ~MountedSandbox() override {
     // The layers may only go once nothing runs on them.
-    if (auto st = sandbox_->destroy(); !st.ok()) {
-      DSEC_LOG(kWarn, kLog) << "destroying worker " << sandbox_->spec().id << ": " << st.error().toString();
+    if (auto st = ForwardingSandbox::destroy(); !st.ok()) {
+      DSEC_LOG(kWarn, kLog) << "destroying worker " << spec().id << ": " << st.error().toString();
     }
-    sandbox_.reset();
+    releaseInner();
     mount_.reset();
   }
 
-  const SandboxSpec& spec() const override { return sandbox_->spec(); }
-  SandboxState state() const override { return sandbox_->state(); }
-  std::string backendName() const override { return sandbox_->backendName(); }
-  Result<ExecResult> exec(const ExecRequest& request) override { return sandbox_->exec(request); }
-  Result<ExecResult> execStream(const ExecRequest& request, ExecSink& sink) override {
-    return sandbox_->execStream(request, sink);
-  }
-  bool supportsStdinFd() const override { return sandbox_->supportsStdinFd(); }
-  Result<LongRunningProcess> spawn(const ExecRequest& request) override { return sandbox_->spawn(request); }
-  Result<UniqueFd> openForRead(const std::string& path) override { return sandbox_->openForRead(path); }
-  Result<UniqueFd> openForWrite(const std::string& path, uint32_t mode) override {
-    return sandbox_->openForWrite(path, mode);
-  }
-  Result<FileStat> stat(const std::string& path) override { return sandbox_->stat(path); }
-  Result<std::vector<FileStat>> listDir(const std::string& path) override { return sandbox_->listDir(path); }
-  Status remove(const std::string& path, bool recursive) override { return sandbox_->remove(path, recursive); }
-  Status pause() override { return sandbox_->pause(); }
-  Status resume() override { return sandbox_->resume(); }
-  Status reclaimMemory() override { return sandbox_->reclaimMemory(); }
-  Status destroy() override { return sandbox_->destroy(); }
-  Result<SandboxUsage> usage() override { return sandbox_->usage(); }
-  nlohmann::json persistentState() const override { return sandbox_->persistentState(); }
-
  private:
-  std::unique_ptr<fs3::ImageMount> mount_;  // declared first: released after the sandbox
-  std::unique_ptr<Sandbox> sandbox_;
+  std::unique_ptr<fs3::ImageMount> mount_;
 };
 
 Error missingImage(const std::string& image, const std::string& node, const Error& why) {

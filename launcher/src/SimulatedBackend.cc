@@ -23,6 +23,12 @@ class SimulatedSandbox : public backends::Sandbox {
   Result<backends::ExecResult> execStream(const backends::ExecRequest&, backends::ExecSink&) override {
     return simulatedError(spec_.id, "exec");
   }
+  bool supportsStdinFd() const override { return false; }
+  Result<backends::LongRunningProcess> spawn(const backends::ExecRequest&) override {
+    return simulatedError(spec_.id, "processes to spawn");
+  }
+  // No processes, so no memory to limit: a limit asked for is refused, not pretended.
+  Status setMemoryLimit(int64_t) override { return simulatedError(spec_.id, "memory limit"); }
   Result<UniqueFd> openForRead(const std::string&) override { return simulatedError(spec_.id, "files"); }
   Result<UniqueFd> openForWrite(const std::string&, uint32_t) override { return simulatedError(spec_.id, "files"); }
   Result<backends::FileStat> stat(const std::string&) override { return simulatedError(spec_.id, "files"); }
@@ -47,6 +53,7 @@ class SimulatedSandbox : public backends::Sandbox {
     }
     return okStatus();
   }
+  Status reclaimMemory() override { return okStatus(); }  // nothing to reclaim
   Status destroy() override {
     state_.store(backends::SandboxState::kStopped);
     return okStatus();

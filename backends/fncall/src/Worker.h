@@ -1,6 +1,8 @@
 // One fncall worker: a read-only container sandbox (made by the factory) with the zygote spawned in it, and
-// the agent's end of the zygote protocol (zygote.py). Not thread-safe: one call at a time, which the service
-// guarantees; kill() alone may be called from any thread (shutdown).
+// the agent's end of the zygote protocol (zygote.py): the control socket, and per call the pipes the call's
+// child reads its request from and writes its output to (CallStreams), which the zygote never reads. Not
+// thread-safe: one call at a time, which the service guarantees; kill() alone may be called from any thread
+// (shutdown).
 #pragma once
 
 #include <atomic>
@@ -31,7 +33,8 @@ class Worker {
   Worker& operator=(const Worker&) = delete;
 
   // Runs one call. `healthy` comes back false when the worker must not take another call (zygote died, did
-  // not answer, could not clean up, its memory limit could not be set): the caller destroys it. `started`
+  // not answer, could not clean up, its memory limit could not be set): the caller destroys it. A memory
+  // limit the sandbox cannot set is an error of the call, never ignored. `started`
   // comes back false when the zygote was gone before it took the request: the call never ran anywhere and
   // may be retried on another worker.
   Result<ExecResult> call(const CallRequest& request, bool* healthy, bool* started);
@@ -49,23 +52,21 @@ class Worker {
  private:
   Worker(WorkerConfig config, std::unique_ptr<Sandbox> sandbox);
   Status spawnZygote();
-  Result<std::string> readFrame(double deadline);
-  Status readExact(std::string* out, size_t n, double deadline);
-  Status writeAll(const std::string& data, double deadline);
+  Result<std::string> readReadyFrame(double deadline);
+  Status setCallMemoryLimit(const CallRequest& request, bool* started);
+  Result<ExecResult> zygoteDied(const Error& why, double start);
   void drainStderr();
   bool oomKilledSince();
 
   WorkerConfig config_;
   std::unique_ptr<Sandbox> sandbox_;
   LongRunningProcess zygote_;
+  UniqueFd control_;                   // our end of the zygote's control socket
   std::atomic<int> zygote_pidfd_{-1};  // for kill() from another thread
   int64_t baseline_memory_ = 0;        // the worker's usage with the zygote ready: added to each call's limit
   int64_t memory_limit_ = -1;          // the limit set now (-1 = the creation-time one)
   int64_t oom_kills_ = 0;              // the cgroup's OOM kills already accounted for
-  std::string pending_;                // read from the zygote ahead of what was asked for
-  size_t pending_pos_ = 0;             // how much of pending_ has been handed out
   uint64_t calls_ = 0;
-  bool limit_unsupported_ = false;
   bool destroyed_ = false;
 };
 

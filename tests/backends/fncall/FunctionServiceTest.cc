@@ -1,5 +1,6 @@
 // The service: calls and their results, languages, files, pools (growth, capacity, shrink), worker
-// replacement, failures that leave nothing behind, and the per-call cost (printed, not asserted).
+// replacement, failures that leave nothing behind, memory limits that cannot be set, and the per-call cost
+// (printed, not asserted).
 #include <signal.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -10,6 +11,7 @@
 #include <thread>
 
 #include "FncallTestSupport.h"
+#include "dsec/backends/ForwardingSandbox.h"
 #include "dsec/common/Strings.h"
 
 namespace dsec::testing {
@@ -284,6 +286,58 @@ TEST_F(FncallTest, WorkerStartFailuresLeaveNothingAndReportTheCause) {
   r = service().call(req);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.error().code(), ErrorCode::kNotFound) << r.error().toString();
+}
+
+// A worker sandbox whose memory limit can be set to `allowed` only (0: never): a backend, or a wrapper of
+// one, that cannot enforce the limits of calls.
+class LimitRefusingSandbox : public backends::ForwardingSandbox {
+ public:
+  LimitRefusingSandbox(std::unique_ptr<backends::Sandbox> inner, int64_t allowed)
+      : ForwardingSandbox(std::move(inner)), allowed_(allowed) {}
+  Status setMemoryLimit(int64_t bytes) override {
+    if (bytes == allowed_) return ForwardingSandbox::setMemoryLimit(bytes);
+    return Error(ErrorCode::kUnsupported, "this sandbox cannot change its memory limit");
+  }
+
+ private:
+  int64_t allowed_;
+};
+
+backends::fncall::WorkerSandboxFactory limitRefusingFactory(backends::Backend* backend, PythonTestImage* image,
+                                                            int64_t allowed) {
+  auto inner = makeTestWorkerFactory(backend, image);
+  return [inner, allowed](const std::string& name,
+                          const backends::SandboxSpec& spec) -> Result<std::unique_ptr<backends::Sandbox>> {
+    DSEC_ASSIGN_OR_RETURN(auto sandbox, inner(name, spec));
+    return std::unique_ptr<backends::Sandbox>(std::make_unique<LimitRefusingSandbox>(std::move(sandbox), allowed));
+  };
+}
+
+// A limit asked for is enforced or the call fails: a sandbox that cannot set it never runs the call with
+// some other limit (this once only logged "per-call memory limits unavailable" and ran the call).
+TEST_F(FncallTest, MemoryLimitThatCannotBeSetFailsTheCall) {
+  // Refused from the start: no worker starts, and the call says why.
+  auto s = backends::fncall::FunctionService::start(options_, limitRefusingFactory(backend_.get(), image(), 0));
+  ASSERT_OK(s);
+  service_ = std::move(*s);
+  auto r = service().call(python("print('ran')"));
+  ASSERT_FALSE(r.ok()) << "ran without its memory limit: " << r->stdout_data;
+  EXPECT_EQ(r.error().code(), ErrorCode::kUnsupported) << r.error().toString();
+  EXPECT_NE(r.error().message().find("memory limit"), std::string::npos) << r.error().toString();
+  service_->shutdown();
+  service_.reset();
+  expectNothingLeft();
+
+  // Refused for a call's limit only (the worker started): that call fails, naming its limit.
+  s = backends::fncall::FunctionService::start(options_, limitRefusingFactory(backend_.get(), image(), 512LL << 20));
+  ASSERT_OK(s);
+  service_ = std::move(*s);
+  auto req = python("print('ran')");
+  req.memory_bytes = 64LL << 20;
+  r = service().call(req);
+  ASSERT_FALSE(r.ok()) << "ran without its memory limit: " << r->stdout_data;
+  EXPECT_EQ(r.error().code(), ErrorCode::kUnsupported) << r.error().toString();
+  EXPECT_NE(r.error().message().find(std::to_string(64LL << 20)), std::string::npos) << r.error().toString();
 }
 
 TEST_F(FncallTest, ShutdownEndsCallsInFlightAndLeavesNothing) {

@@ -113,6 +113,10 @@ struct SandboxUsage {
   int64_t oom_kills = 0;
 };
 
+// Every operation is pure virtual, on purpose: a default implementation is how a wrapper once dropped an
+// operation without a sound (a memory limit that was never set). Wrappers derive from ForwardingSandbox
+// (ForwardingSandbox.h), which forwards every operation; a new operation goes there too, and into
+// tests/security/SandboxWrappersForwardTest.cc, which fails until it covers every virtual declared here.
 class Sandbox {
  public:
   virtual ~Sandbox() = default;
@@ -126,21 +130,16 @@ class Sandbox {
   virtual Result<ExecResult> execStream(const ExecRequest& request, ExecSink& sink) = 0;
   // True once exec/execStream honour ExecRequest::stdin_fd. Until then the API server streams tar uploads
   // through a temporary file inside the sandbox instead of a pipe.
-  virtual bool supportsStdinFd() const { return false; }
+  virtual bool supportsStdinFd() const = 0;
   // Starts argv inside the sandbox and returns at once with its pipes (ExecRequest's timeout, output_cap
-  // and stdin fields are ignored). kUnsupported for backends that cannot. The process is the caller's child:
+  // and stdin fields are ignored); kUnsupported for backends that cannot. The process is the caller's child:
   // the caller reaps it (waitid(P_PIDFD) on the pidfd) once it has exited; destroy() kills and reaps those
   // still running (a later waitid of the caller then fails with ECHILD).
-  virtual Result<LongRunningProcess> spawn(const ExecRequest& request) {
-    (void)request;
-    return Error(ErrorCode::kUnsupported, backendName() + " sandboxes cannot spawn long-running processes");
-  }
+  virtual Result<LongRunningProcess> spawn(const ExecRequest& request) = 0;
   // Changes the sandbox's memory limit (0 = unlimited) while it runs (fncall sets each call's limit on its
-  // worker). Lowering it below what the sandbox uses and cannot reclaim fails with kResourceExhausted.
-  virtual Status setMemoryLimit(int64_t bytes) {
-    (void)bytes;
-    return Error(ErrorCode::kUnsupported, backendName() + " sandboxes cannot change their memory limit");
-  }
+  // worker). Lowering it below what the sandbox uses and cannot reclaim fails with kResourceExhausted; a
+  // backend that cannot change it fails with kUnsupported (never succeeds without enforcing it).
+  virtual Status setMemoryLimit(int64_t bytes) = 0;
 
   // Files, resolved inside the sandbox's root (symlinks cannot escape it).
   virtual Result<UniqueFd> openForRead(const std::string& path) = 0;  // a regular file
@@ -154,7 +153,7 @@ class Sandbox {
   virtual Status resume() = 0;
   // Pushes the sandbox's reclaimable memory out (to swap where the node has it, page cache dropped), used
   // after pausing a sandbox whose session lease lapsed. Best effort; backends without a way to do it succeed.
-  virtual Status reclaimMemory() { return okStatus(); }
+  virtual Status reclaimMemory() = 0;
   // Kills every process, removes mounts and cgroups, frees the upper. Idempotent.
   virtual Status destroy() = 0;
   virtual Result<SandboxUsage> usage() = 0;

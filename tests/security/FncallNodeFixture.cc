@@ -1,0 +1,89 @@
+// Fixture for attacks on function calls through a real node (FncallNodeFixture.h).
+#include "FncallNodeFixture.h"
+
+#include "PythonTestImage.h"
+#include "dsec/fs3/LayerStore.h"
+
+namespace dsec::testing {
+
+void FncallNodeAttack::SetUpTestSuite() {
+  skip_ = missingPythonRootfsTools();
+  if (!skip_.empty()) return;
+  rootfs_dir_ = new TempDir();
+  auto st = writePythonRootfs(rootfs_dir_->path() + "/rootfs");
+  if (!st.ok()) skip_ = "cannot build the python rootfs: " + st.error().toString();
+}
+
+void FncallNodeAttack::TearDownTestSuite() {
+  delete rootfs_dir_;
+  rootfs_dir_ = nullptr;
+}
+
+void FncallNodeAttack::SetUp() {
+  if (!skip_.empty()) GTEST_SKIP() << skip_;
+  root_ = std::make_unique<TempDir>();
+  fs3::LayerStore store(root_->path());
+  auto built = store.buildFromDir({"pyattack", "1"}, rootfs_dir_->path() + "/rootfs", "", "dir:python");
+  ASSERT_OK(built);
+}
+
+void FncallNodeAttack::TearDown() {
+  client_.reset();
+  if (node_) node_->stop(true);
+  node_.reset();
+  root_.reset();
+}
+
+launcher::ServeOptions FncallNodeAttack::options() {
+  launcher::ServeOptions o;
+  o.root = root_->path();
+  o.listen = "127.0.0.1:0";
+  o.fleet_name = "attack";
+  o.node_name = "a0";
+  o.write_fleet_file = false;
+  o.fncall.image = kImage;
+  o.fncall.max_workers = 1;
+  o.fncall.queue_wait_seconds = 120;  // a loaded machine may take long to start the worker
+  return o;
+}
+
+void FncallNodeAttack::start(const launcher::ServeOptions& o) {
+  auto node = launcher::EmbeddedNode::start(o);
+  ASSERT_OK(node);
+  node_ = std::move(*node);
+  client_ = std::make_unique<HttpTestClient>(node_->endpoint(), node_->token());
+  nlohmann::json info = client_->get("/v1/node").json();
+  if (info["unavailable_backends"].contains("fncall")) {
+    GTEST_SKIP() << "fncall unavailable here: " << info["unavailable_backends"]["fncall"];
+  }
+}
+
+HttpReply FncallNodeAttack::post(const nlohmann::json& body) { return client_->postJson("/v1/call", body); }
+
+nlohmann::json FncallNodeAttack::call(const nlohmann::json& body) {
+  HttpReply r = post(body);
+  EXPECT_EQ(r.status, 200) << r.body;
+  return r.status == 200 ? r.json() : nlohmann::json::object();
+}
+
+std::string base64(const std::string& in) {
+  static constexpr char kAlphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  size_t i = 0;
+  for (; i + 2 < in.size(); i += 3) {
+    const uint32_t v = (static_cast<uint32_t>(static_cast<uint8_t>(in[i])) << 16) |
+                       (static_cast<uint32_t>(static_cast<uint8_t>(in[i + 1])) << 8) | static_cast<uint8_t>(in[i + 2]);
+    for (int shift : {18, 12, 6, 0}) out += kAlphabet[(v >> shift) & 63];
+  }
+  if (i < in.size()) {
+    uint32_t v = static_cast<uint32_t>(static_cast<uint8_t>(in[i])) << 16;
+    if (i + 1 < in.size()) v |= static_cast<uint32_t>(static_cast<uint8_t>(in[i + 1])) << 8;
+    out += kAlphabet[(v >> 18) & 63];
+    out += kAlphabet[(v >> 12) & 63];
+    out += i + 1 < in.size() ? kAlphabet[(v >> 6) & 63] : '=';
+    out += '=';
+  }
+  return out;
+}
+
+}  // namespace dsec::testing
