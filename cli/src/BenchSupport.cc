@@ -3,6 +3,7 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
@@ -127,8 +128,14 @@ int destroyAll(const FleetAddress& address, const std::vector<std::string>& ids,
 }
 
 std::string createAndExec(ApiClient& client, const nlohmann::json& create_body, const nlohmann::json& exec_body,
-                          std::mutex* mu, std::vector<std::string>* ids, double* created_at) {
+                          std::mutex* mu, std::vector<std::string>* ids, double* created_at, bool retry_when_full) {
   auto info = client.call(HttpMethod::kPost, "/v1/sandboxes", create_body);
+  const double give_up = monotonicSeconds() + 60;
+  while (retry_when_full && !info.ok() && info.error().code() == ErrorCode::kResourceExhausted &&
+         monotonicSeconds() < give_up) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    info = client.call(HttpMethod::kPost, "/v1/sandboxes", create_body);
+  }
   if (created_at != nullptr) *created_at = monotonicSeconds();
   if (!info.ok()) return "create: " + info.error().message();
   std::string id = info->value("id", "");

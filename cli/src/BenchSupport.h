@@ -54,9 +54,12 @@ void runWorkers(const FleetAddress& address, int threads, const std::function<vo
 
 // One benchmark step: POST /v1/sandboxes with create_body, then exec_body in the new sandbox. The id goes into
 // *ids under *mu at once, so the sandbox is destroyed later even if the exec fails. *created_at (if set) gets the
-// time the create answered. Returns "" or what failed ("create: ..." / "exec: ...").
+// time the create answered. With retry_when_full a create refused because the node is full (429) is tried again
+// after a short pause for up to 60 s, as a client honouring Retry-After does. Returns "" or what failed
+// ("create: ..." / "exec: ...").
 std::string createAndExec(ApiClient& client, const nlohmann::json& create_body, const nlohmann::json& exec_body,
-                          std::mutex* mu, std::vector<std::string>* ids, double* created_at = nullptr);
+                          std::mutex* mu, std::vector<std::string>* ids, double* created_at = nullptr,
+                          bool retry_when_full = false);
 
 // Destroys the sandboxes with `threads` clients; returns how many failed.
 int destroyAll(const FleetAddress& address, const std::vector<std::string>& ids, int threads);

@@ -67,15 +67,16 @@ int cmdCall(const Invocation& inv) {
       "memory", po::value<std::string>()->default_value("256M"), "memory limit of the call")(
       "file", po::value<std::vector<std::string>>()->composing(),
       "REL=LOCALPATH: place a local file at REL in the call's working directory (repeatable)")(
-      "image", po::value<std::string>(), "image (default: the node's fncall image)")(
-      "output-cap", po::value<int64_t>(), "bytes of output kept per stream")("code", po::value<std::string>(),
-                                                                             "the code, or - to read it from stdin");
+      "image", po::value<std::string>(), "image (default: the node's fncall image)")("output-cap", po::value<int64_t>(),
+                                                                                     "bytes of output kept per stream")(
+      "fresh-interpreter", "run the Python code in an interpreter started for this call (its own hash seed)")(
+      "code", po::value<std::string>(), "the code, or - to read it from stdin");
   po::positional_options_description positional;
   positional.add("code", 1);
   po::variables_map vm;
   if (!parseCommandLine(inv, inv.args, desc, positional,
                         "[--language python|bash] [--stdin TEXT | --stdin-file F] [--timeout S] [--memory M] "
-                        "[--file REL=LOCALPATH ...] [--image IMAGE] (CODE | -f FILE | -)",
+                        "[--file REL=LOCALPATH ...] [--image IMAGE] [--fresh-interpreter] (CODE | -f FILE | -)",
                         &vm, &common)) {
     return kExitOk;
   }
@@ -111,6 +112,7 @@ int cmdCall(const Invocation& inv) {
     body["files"] = files;
   }
   if (vm.count("image") != 0) body["image"] = vm["image"].as<std::string>();
+  if (vm.count("fresh-interpreter") != 0) body["fresh_interpreter"] = true;
   if (vm.count("output-cap") != 0) {
     int64_t cap = vm["output-cap"].as<int64_t>();
     if (cap < 0) throw UsageError("--output-cap must be >= 0");

@@ -15,9 +15,14 @@ using backends::fncall::CallRequest;
 using backends::fncall::Language;
 using nlohmann::json;
 
+// The edge refuses what the service would, with the API's field names.
+static_assert(kMaxCallCodeBytes == backends::fncall::kMaxCodeBytes);
+static_assert(kMinCallMemory == backends::fncall::kMinMemoryBytes);
+static_assert(kMaxCallFiles == backends::fncall::kMaxFiles);
+
 const std::set<std::string>& knownKeys() {
-  static const std::set<std::string> kKeys = {"code",   "language", "stdin", "stdin_b64", "timeout",
-                                              "memory", "files",    "image", "output_cap"};
+  static const std::set<std::string> kKeys = {"code",   "language", "stdin", "stdin_b64",  "timeout",
+                                              "memory", "files",    "image", "output_cap", "fresh_interpreter"};
   return kKeys;
 }
 
@@ -83,14 +88,15 @@ Result<CallRequest> parseCallRequest(const json& body, int64_t node_memory_bytes
     (void)value;
     if (!knownKeys().count(key)) {
       return Error::invalid("unknown field '" + key.substr(0, 64) +
-                            "' (known: code, language, stdin, stdin_b64, timeout, memory, files, image, output_cap)");
+                            "' (known: code, language, stdin, stdin_b64, timeout, memory, files, image, output_cap, "
+                            "fresh_interpreter)");
     }
   }
   CallRequest req;
   if (!body.contains("code")) return fieldError("code", "required");
   DSEC_ASSIGN_OR_RETURN(req.code, parseStringField(body["code"], "code"));
   if (req.code.empty()) return fieldError("code", "empty");
-  if (req.code.size() > kMaxCallCodeBytes) return fieldError("code", "longer than 16 MiB");
+  if (req.code.size() > kMaxCallCodeBytes) return fieldError("code", "longer than 1 MiB");
   if (req.code.find('\0') != std::string::npos) return fieldError("code", "contains a NUL byte");
   if (body.contains("language")) {
     DSEC_ASSIGN_OR_RETURN(req.language, languageField(body["language"]));
@@ -108,7 +114,7 @@ Result<CallRequest> parseCallRequest(const json& body, int64_t node_memory_bytes
   req.memory_bytes = kDefaultCallMemory;
   if (body.contains("memory")) {
     DSEC_ASSIGN_OR_RETURN(req.memory_bytes, parseSizeField(body["memory"], "memory"));
-    if (req.memory_bytes < kMinMemoryBytes) return fieldError("memory", "must be at least 4M for a call");
+    if (req.memory_bytes < kMinCallMemory) return fieldError("memory", "must be at least 32M for a call");
     if (node_memory_bytes > 0 && req.memory_bytes > node_memory_bytes) {
       return fieldError("memory", "more than the node's memory (" + formatBytes(node_memory_bytes) + ")");
     }
@@ -127,6 +133,11 @@ Result<CallRequest> parseCallRequest(const json& body, int64_t node_memory_bytes
   }
   if (body.contains("files")) {
     DSEC_ASSIGN_OR_RETURN(req.files, filesField(body["files"]));
+  }
+  if (body.contains("fresh_interpreter")) {
+    const json& f = body["fresh_interpreter"];
+    if (!f.is_boolean()) return fieldError("fresh_interpreter", "expected true or false, got " + jsonTypeName(f));
+    req.fresh_interpreter = f.get<bool>();
   }
   if (body.contains("image") && !body["image"].is_null()) {
     DSEC_ASSIGN_OR_RETURN(std::string image, parseStringField(body["image"], "image"));

@@ -229,7 +229,7 @@ def call_file_path(path: Any) -> str:
 
 
 def call_body(code: Any, language: Any, stdin: Any, timeout: Any, memory: Any, files: Any, image: Any,
-              output_cap: Any) -> Dict[str, Any]:
+              output_cap: Any, fresh_interpreter: Any = False) -> Dict[str, Any]:
     """The body of POST /v1/call (docs/api.md, "Function calls")."""
     if not isinstance(code, str):
         _fail(f"code must be a str, got {type(code).__name__}")
@@ -278,4 +278,8 @@ def call_body(code: Any, language: Any, stdin: Any, timeout: Any, memory: Any, f
         if output_cap > _MAX_CALL_OUTPUT_CAP:
             _fail(f"output_cap must be at most {_MAX_CALL_OUTPUT_CAP} bytes (16 MiB) for a call")
         body["output_cap"] = output_cap
+    if not isinstance(fresh_interpreter, bool):
+        _fail(f"fresh_interpreter must be True or False, got {type(fresh_interpreter).__name__}")
+    if fresh_interpreter:
+        body["fresh_interpreter"] = True
     return body

@@ -413,11 +413,13 @@ class Client:
     async def call(self, code: str, language: str = "python", stdin: Union[None, str, bytes] = None,
                    timeout: float = 10, memory: Union[int, str] = "256M",
                    files: Optional[Mapping[str, Union[bytes, str]]] = None, image: Optional[str] = None,
-                   output_cap: Optional[int] = None) -> ExecResult:
+                   output_cap: Optional[int] = None, fresh_interpreter: bool = False) -> ExecResult:
         """See :meth:`pydsec.Client.call`. Up to ``max_workers`` calls run at once per client."""
-        v.call_body(code, language, stdin, timeout, memory, files, image, output_cap)  # errors at the call
+        # errors at the call
+        v.call_body(code, language, stdin, timeout, memory, files, image, output_cap, fresh_interpreter)
         return await self._run(self._sync.call, code, language=language, stdin=stdin, timeout=timeout,
-                               memory=memory, files=files, image=image, output_cap=output_cap)
+                               memory=memory, files=files, image=image, output_cap=output_cap,
+                               fresh_interpreter=fresh_interpreter)
 
     async def layers(self) -> List[Dict[str, Any]]:
         return await self._run(self._sync.layers)

@@ -369,15 +369,18 @@ class Client:
     def call(self, code: str, language: str = "python", stdin: Union[None, str, bytes] = None,
              timeout: float = 10, memory: Union[int, str] = "256M",
              files: Optional[Mapping[str, Union[bytes, str]]] = None, image: Optional[str] = None,
-             output_cap: Optional[int] = None) -> ExecResult:
+             output_cap: Optional[int] = None, fresh_interpreter: bool = False) -> ExecResult:
         """Run ``code`` once on the fleet's fncall backend and return what it did, like ``Sandbox.exec``.
 
         Each call runs in a fresh process in a fresh working directory of a warm worker (no network, the
         ``memory`` limit, ``timeout`` seconds); nothing it leaves is seen by the next call. ``files`` maps paths
         relative to that working directory to their bytes (str is encoded as UTF-8). ``image`` defaults to the
         node's fncall image. When no worker frees up in time the call raises CapacityError (``retry_after``).
+        Python calls are forks of the worker's warm interpreter and share its hash seed; ``fresh_interpreter``
+        runs the call in an interpreter started for it alone (its own hash seed, nothing preloaded), at the
+        cost of an interpreter start.
         """
-        body = v.call_body(code, language, stdin, timeout, memory, files, image, output_cap)
+        body = v.call_body(code, language, stdin, timeout, memory, files, image, output_cap, fresh_interpreter)
         wait = Sandbox._exec_wait(timeout, self._transport.timeout)
         doc = self._transport.call("POST", "/v1/call", payload=body, timeout=wait)
         if not isinstance(doc, dict):

@@ -36,12 +36,13 @@ TEST(CallRequest, DefaultsFromCodeOnly) {
   EXPECT_EQ(r->output_cap, 1LL << 20);
   EXPECT_TRUE(r->files.empty());
   EXPECT_EQ(r->image, "");
+  EXPECT_FALSE(r->fresh_interpreter);
 }
 
 TEST(CallRequest, EveryField) {
   auto r = parse(R"({"code": "cat a/b.txt", "language": "bash", "stdin_b64": "AP8=", "timeout": 2.5,
                      "memory": "64M", "files": {"a/b.txt": "aGk=", "c": ""}, "image": "debian:12+python:3.11",
-                     "output_cap": 4096})");
+                     "output_cap": 4096, "fresh_interpreter": true})");
   ASSERT_OK(r);
   EXPECT_EQ(r->language, Language::kBash);
   EXPECT_EQ(r->stdin_data, std::string("\x00\xff", 2));
@@ -52,14 +53,15 @@ TEST(CallRequest, EveryField) {
   EXPECT_EQ(r->files.at("c"), "");
   EXPECT_EQ(r->image, "debian:12+python:3.11");
   EXPECT_EQ(r->output_cap, 4096);
+  EXPECT_TRUE(r->fresh_interpreter);
 }
 
 TEST(CallRequest, TextStdinAndZeroOutputCapMeansMaximum) {
-  auto r = parse(R"({"code": "x", "stdin": "hello", "output_cap": 0, "memory": 5000000})");
+  auto r = parse(R"({"code": "x", "stdin": "hello", "output_cap": 0, "memory": 40000000})");
   ASSERT_OK(r);
   EXPECT_EQ(r->stdin_data, "hello");
   EXPECT_EQ(r->output_cap, kMaxCallOutputCap);
-  EXPECT_EQ(r->memory_bytes, 5000000);
+  EXPECT_EQ(r->memory_bytes, 40000000);
 }
 
 TEST(CallRequest, RejectsBadFieldsNamingThem) {
@@ -68,6 +70,7 @@ TEST(CallRequest, RejectsBadFieldsNamingThem) {
   expectInvalid(R"({"code": 5})", "'code': expected a string");
   expectInvalid(R"({"code": "a\u0000b"})", "'code': contains a NUL");
   expectInvalid(R"({"code": "x", "cmd": "ls"})", "unknown field 'cmd'");
+  expectInvalid(R"({"code": "x", "fresh_interpreter": "yes"})", "'fresh_interpreter': expected true or false");
   expectInvalid(R"({"code": "x", "language": "ruby"})", "'language': expected \"python\" or \"bash\"");
   expectInvalid(R"({"code": "x", "language": 1})", "'language'");
   expectInvalid(R"({"code": "x", "stdin": "a", "stdin_b64": "YQ=="})", "exclusive");
@@ -76,7 +79,8 @@ TEST(CallRequest, RejectsBadFieldsNamingThem) {
   expectInvalid(R"({"code": "x", "timeout": -1})", "'timeout'");
   expectInvalid(R"({"code": "x", "timeout": 601})", "'timeout': at most 600");
   expectInvalid(R"({"code": "x", "timeout": "10"})", "'timeout': expected seconds");
-  expectInvalid(R"({"code": "x", "memory": "1M"})", "'memory': must be at least 4M");
+  expectInvalid(R"({"code": "x", "memory": "16M"})", "'memory': must be at least 32M");
+  expectInvalid(nlohmann::json{{"code", std::string((1u << 20) + 1, 'x')}}.dump(), "'code': longer than 1 MiB");
   expectInvalid(R"({"code": "x", "memory": "lots"})", "'memory'");
   expectInvalid(R"({"code": "x", "memory": "1T"})", "'memory': more than the node's memory");
   expectInvalid(R"({"code": "x", "output_cap": -1})", "'output_cap': must not be negative");

@@ -39,14 +39,14 @@ def test_call_all_fields(fake):
     with fake.client() as c:
         r = c.call("cat data/in.bin; exit 3", language="bash", stdin=b"\x00\xff", timeout=2.5, memory=64 << 20,
                    files={"data/in.bin": b"\x01\x02", "a.py": "print('é')"}, image="debian:12+python:3.11",
-                   output_cap=4096)
+                   output_cap=4096, fresh_interpreter=True)
     assert r.exit_code == 3 and not r.ok and r.stderr == "boom\n" and r.truncated
     body = json.loads(fake.seen[0].body)
     assert body == {"code": "cat data/in.bin; exit 3", "language": "bash",
                     "stdin_b64": base64.b64encode(b"\x00\xff").decode(), "timeout": 2.5, "memory": 64 << 20,
                     "files": {"data/in.bin": base64.b64encode(b"\x01\x02").decode(),
                               "a.py": base64.b64encode("print('é')".encode()).decode()},
-                    "image": "debian:12+python:3.11", "output_cap": 4096}
+                    "image": "debian:12+python:3.11", "output_cap": 4096, "fresh_interpreter": True}
 
 
 def test_call_text_stdin_goes_as_text(fake):
@@ -79,6 +79,7 @@ def test_call_text_stdin_goes_as_text(fake):
     (dict(code="1", image=""), "image must be"),
     (dict(code="1", output_cap=-1), "output_cap must be >= 0"),
     (dict(code="1", output_cap=17 << 20), "16 MiB"),
+    (dict(code="1", fresh_interpreter="yes"), "fresh_interpreter must be True or False"),
 ])
 def test_call_validation_before_any_request(fake, kwargs, match):
     with fake.client() as c, pytest.raises(pydsec.InvalidRequestError, match=match):

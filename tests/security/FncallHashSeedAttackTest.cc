@@ -1,11 +1,11 @@
 // Attack: learn the interpreter's hash seed in one call and use it in a later one (to craft keys that all
 // collide in the later call's dicts and sets, e.g. a grader's, or to predict its set iteration order).
 // CPython caches each str's hash in the object and every dict stores the hashes of its keys, so a fork of
-// one interpreter cannot take a new seed: every call a zygote forks shares the zygote's seed. What holds
-// today: each worker's interpreter draws its own seed at start, and nothing a call does changes the seed of
-// any later call. What does not (a known gap, docs/fncall.md): calls on the same worker share its seed;
-// the test that checks it is disabled until the design changes (docs/fncall.md has the measured cost of a
-// fresh interpreter per call).
+// one interpreter cannot take a new seed: every call a zygote forks shares the zygote's seed. What holds:
+// each worker's interpreter draws its own seed at start, nothing a call does changes the seed of any later
+// call, and a call that asks for `fresh_interpreter` runs in an interpreter started for it with a seed of
+// its own, which no earlier call can have learned. Default (forked) calls on one worker share its seed: a
+// documented gap (docs/fncall.md, "The hash seed", has what a fresh interpreter per call costs).
 #include <gtest/gtest.h>
 
 #include "FncallNodeFixture.h"
@@ -60,15 +60,29 @@ TEST_F(FncallNodeAttack, HashSeedIsRandomPerWorkerAndNoCallCanFixIt) {
               fresh[0].c_str(), fresh[1].c_str());
 }
 
-// Known gap: fails on this design (calls on one worker share its seed). Enable it when each call gets a seed
-// of its own.
-TEST_F(FncallNodeAttack, DISABLED_LaterCallOnTheSameWorkerCannotLearnTheSeedOfAnEarlierOne) {
+// The grader's defence: a call with fresh_interpreter gets a seed that no earlier call on the worker saw,
+// forked or fresh.
+TEST_F(FncallNodeAttack, FreshInterpreterCallHasASeedNoEarlierCallCouldLearn) {
   start();
   if (IsSkipped() || HasFatalFailure()) return;
-  auto first = probe(call({{"code", kProbe}}));
-  auto second = probe(call({{"code", kProbe}}));
-  ASSERT_EQ(second[0], first[0]) << "both calls on the same worker";
-  EXPECT_NE(second[1], first[1]) << "two calls on one worker share the hash seed";
+  auto forked = probe(call({{"code", kProbe}}));
+  auto first = probe(call({{"code", kProbe}, {"fresh_interpreter", true}}));
+  auto second = probe(call({{"code", kProbe}, {"fresh_interpreter", true}}));
+  ASSERT_EQ(first[0], forked[0]) << "all calls on the same worker";
+  ASSERT_EQ(second[0], forked[0]) << "all calls on the same worker";
+  EXPECT_EQ(first[4], "1") << "hash randomization must be on";
+  EXPECT_NE(first[1], forked[1]) << "a fresh interpreter call shares the worker's seed";
+  EXPECT_NE(second[1], first[1]) << "two fresh interpreter calls share a seed";
+  EXPECT_NE(second[2], first[2]) << "two fresh interpreter calls share a seed";
+  // A call cannot pin the seed of the fresh interpreter a later call gets, through the environment or files.
+  call({{"code", "import os\nos.environ['PYTHONHASHSEED'] = '0'\nopen('/tmp/seed', 'w').write('0')\n"}});
+  auto later = probe(call({{"code", kProbe}, {"fresh_interpreter", true}}));
+  // hash('x') under seed 0, computed by an interpreter the test starts with that seed.
+  json pinned = call({{"code", "PYTHONHASHSEED=0 python3 -c \"print(hash('x'))\""}, {"language", "bash"}});
+  ASSERT_EQ(pinned["exit_code"], 0) << pinned.dump();
+  EXPECT_NE(later[1] + "\n", pinned["stdout"].get<std::string>())
+      << "an earlier call fixed the seed of a later fresh interpreter";
+  EXPECT_NE(later[1], first[1]);
 }
 
 }  // namespace

@@ -111,11 +111,12 @@ Result<ZygoteAnswer> receiveAnswer(int control) {
 
 std::string encodeCallHeader(const CallRequest& request) {
   std::string header;
-  size_t size = 8 + 4;
+  size_t size = 8 + 4 + 4;
   for (const auto& [path, data] : request.files) size += 4 + 8 + path.size();
   header.reserve(size);
   appendBigEndian(&header, request.code.size(), 8);
   appendBigEndian(&header, request.files.size(), 4);
+  appendBigEndian(&header, request.fresh_interpreter ? kCallFreshInterpreter : 0, 4);
   for (const auto& [path, data] : request.files) {
     appendBigEndian(&header, path.size(), 4);
     appendBigEndian(&header, data.size(), 8);

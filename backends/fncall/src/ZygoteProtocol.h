@@ -37,8 +37,10 @@ struct ZygoteAnswer {
 // the zygote exited, kInternal for a malformed answer.
 Result<ZygoteAnswer> receiveAnswer(int control);
 
-// The start of the request stream: CALL (code length, number of files) and FILE_ENTRY + path per file. The
-// code, then each file's data (in the same order), then stdin follow it on the pipe.
+// Flags of CALL (zygote.py has the same values).
+inline constexpr uint32_t kCallFreshInterpreter = 1;  // CallRequest::fresh_interpreter
+// The start of the request stream: CALL (code length, number of files, flags) and FILE_ENTRY + path per
+// file. The code, then each file's data (in the same order), then stdin follow it on the pipe.
 std::string encodeCallHeader(const CallRequest& request);
 
 }  // namespace dsec::backends::fncall

@@ -20,7 +20,7 @@
 #       stderr write end]
 #   zygote -> agent: ANSWER (exit code, signal, timed out, clean, duration), once the call and everything
 #       it started are dead and everything it left is removed
-# The request stream the child reads (big-endian): CALL (code length, number of files), per file FILE_ENTRY
+# The request stream the child reads (big-endian): CALL (code length, number of files, flags), per file FILE_ENTRY
 # (path length, data length) and the path, then the code, then each file's data; the rest is the call's stdin.
 # EOF on the control socket ends the zygote.
 #
@@ -81,7 +81,8 @@ SCRATCH_DIRS = ("/tmp", "/dev/shm", "/dev/mqueue")
 SYSV_FILES = ("/proc/sysvipc/shm", "/proc/sysvipc/msg", "/proc/sysvipc/sem")
 REQUEST = struct.Struct(">d")
 ANSWER = struct.Struct(">iiBBd")
-CALL = struct.Struct(">QI")
+CALL = struct.Struct(">QII")
+CALL_FRESH_INTERPRETER = 1  # flag: run the Python code in an interpreter started for this call alone
 FILE_ENTRY = struct.Struct(">IQ")
 FD_BYTES = struct.Struct("=3i")
 CONTROL_ANCILLARY = _socket.CMSG_SPACE(FD_BYTES.size)
@@ -293,6 +294,43 @@ def run_python(code):
     os._exit(rc)
 
 
+# Run by a fresh interpreter as `python3 -B -c FRESH_BOOTSTRAP`: the call's code is on fd 3 (a memfd: code may
+# be longer than one argument can be). Runs it as `python3 -c code` would, in __main__ with sys.argv ['-c'],
+# and reports an uncaught exception without this frame.
+FRESH_BOOTSTRAP = """
+def _run():
+    import sys
+    with open(3, "rb") as f:
+        source = f.read()
+    main = sys.modules["__main__"].__dict__
+    del main["_run"]
+    try:
+        exec(compile(source, "<string>", "exec"), main)
+    except SystemExit:
+        raise
+    except BaseException as e:
+        tb = e.__traceback__.tb_next if e.__traceback__ else None
+        sys.excepthook(type(e), e.with_traceback(tb), tb)
+        sys.exit(1)
+_run()
+"""
+
+
+def exec_fresh_python(code):
+    """Replaces the child with an interpreter of its own: a hash seed and state no other call shares."""
+    fd = os.memfd_create("call", 0)  # not close-on-exec: the new interpreter reads it as fd 3
+    view = memoryview(code)
+    while view:
+        view = view[os.write(fd, view):]
+    os.lseek(fd, 0, os.SEEK_SET)
+    if fd != 3:
+        os.dup2(fd, 3)
+        os.close(fd)
+    for sig in (signal.SIGPIPE, signal.SIGXFSZ):
+        signal.signal(sig, signal.SIG_DFL)
+    os.execv(sys.executable, [sys.executable, "-B", "-c", FRESH_BOOTSTRAP])
+
+
 def read_exact(n):
     """n bytes of the request (fd 0); never more, so what follows the request stays for the call's stdin."""
     parts = []
@@ -307,7 +345,7 @@ def read_exact(n):
 
 def read_request():
     """Reads the request from fd 0, writes its files into the working directory, returns the code."""
-    code_n, nfiles = CALL.unpack(read_exact(CALL.size))
+    code_n, nfiles, flags = CALL.unpack(read_exact(CALL.size))
     entries = []
     for _ in range(nfiles):
         path_n, data_n = FILE_ENTRY.unpack(read_exact(FILE_ENTRY.size))
@@ -328,7 +366,7 @@ def read_request():
                     b = b[os.write(fd, b):]
         finally:
             os.close(fd)
-    return code
+    return code, flags
 
 
 def child(request_fd, out_fd, err_fd):
@@ -345,12 +383,14 @@ def child(request_fd, out_fd, err_fd):
         os.setresgid(UID, UID, UID)
         os.setresuid(UID, UID, UID)
         os.chdir(CALL_DIR)
-        code = read_request()
+        code, flags = read_request()
         # The environment is the zygote's, which is CALL_ENV.
         if LANGUAGE == "bash":
             for sig in (signal.SIGPIPE, signal.SIGXFSZ):
                 signal.signal(sig, signal.SIG_DFL)
             os.execv(SHELL, [SHELL, "-c", code.decode("utf-8", "surrogateescape")])
+        if flags & CALL_FRESH_INTERPRETER:
+            exec_fresh_python(code)
         run_python(code)
     except BaseException as e:  # noqa: B036
         try:

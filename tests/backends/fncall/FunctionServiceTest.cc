@@ -95,6 +95,68 @@ TEST_F(FncallTest, OutputThreadsAndEnvironmentAcrossCalls) {
   EXPECT_EQ(run(sh).stdout_data, "/work/call /work/call\n/work/call\n");
 }
 
+// A Python call with fresh_interpreter runs in an interpreter started for it (execve in the call's child)
+// and behaves as a forked call does: stdin, files, imports from its directory, exit codes, tracebacks
+// without our frames, who it runs as; its code may be longer than one argument can be (128 KiB).
+TEST_F(FncallTest, FreshInterpreterCallsBehaveAsForkedOnes) {
+  options_.max_workers = 1;
+  startService();
+  auto fresh = [this](const std::string& code) {
+    auto req = python(code);
+    req.fresh_interpreter = true;
+    return req;
+  };
+  auto req = fresh(
+      "import mod, os, sys\nprint(sys.stdin.read().upper(), end='')\nprint(mod.X, open('data/in.txt').read())\n"
+      "print(os.getuid(), os.getgid(), os.getgroups(), os.getcwd(), __name__, sys.argv)\n"
+      "print(os.getpid() != 1, sorted(m for m in ('json', 'decimal', 'fractions') if m in sys.modules))\nsys.exit(3)");
+  req.stdin_data = "hello stdin\n";
+  req.files = {{"mod.py", "X = 5\n"}, {"data/in.txt", "in"}};
+  auto r = run(req);
+  auto lines = split(r.stdout_data, '\n');
+  ASSERT_GE(lines.size(), 4u) << r.stdout_data << r.stderr_data;
+  EXPECT_EQ(lines[0], "HELLO STDIN");
+  EXPECT_EQ(lines[1], "5 in");
+  EXPECT_EQ(lines[2], "65534 65534 [] /work/call __main__ ['-c']");
+  EXPECT_EQ(lines[3], "True []") << "a fresh interpreter has none of the zygote's preloaded modules";
+  EXPECT_EQ(r.exit_code, 3) << r.stderr_data;
+
+  r = run(fresh("print('before')\n1/0"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.stdout_data, "before\n");
+  EXPECT_NE(r.stderr_data.find("ZeroDivisionError"), std::string::npos) << r.stderr_data;
+  EXPECT_NE(r.stderr_data.find("File \"<string>\", line 2"), std::string::npos) << r.stderr_data;
+  EXPECT_EQ(r.stderr_data.find("_run"), std::string::npos) << "bootstrap frames leak: " << r.stderr_data;
+  r = run(fresh("def f(:\n"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.stderr_data.find("SyntaxError"), std::string::npos) << r.stderr_data;
+  r = run(fresh("import sys; sys.exit('fatal message')"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.stderr_data, "fatal message\n");
+
+  std::string big = "x = 0\n";
+  while (big.size() < (300u << 10)) big += "x += 1\n";
+  big += "print(x)\n";
+  r = run(fresh(big));
+  EXPECT_EQ(r.exit_code, 0) << r.stderr_data.substr(0, 500);
+  EXPECT_EQ(r.stdout_data, std::to_string(std::count(big.begin(), big.end(), '\n') - 2) + "\n");
+
+  // Each fresh call draws its own hash seed; forked calls share the worker's.
+  auto seed = [&](bool own) {
+    auto q = python("print(hash('x'))");
+    q.fresh_interpreter = own;
+    return run(q).stdout_data;
+  };
+  EXPECT_EQ(seed(false), seed(false));
+  const std::string a = seed(true), b = seed(true);
+  EXPECT_NE(a, b);
+  EXPECT_NE(a, seed(false));
+  // Bash always starts its own shell: the flag is accepted and changes nothing.
+  auto sh = bash("echo $((6*7))");
+  sh.fresh_interpreter = true;
+  EXPECT_EQ(run(sh).stdout_data, "42\n");
+}
+
 TEST_F(FncallTest, FilesArePlacedInTheWorkingDirectory) {
   startService();
   auto req = python(

@@ -11,13 +11,14 @@
 
 namespace dsec::launcher {
 
-constexpr uint64_t kCallBodyLimit = 64ULL << 20;   // the whole request (code, stdin, files)
-constexpr size_t kMaxCallCodeBytes = 16ULL << 20;  // source text
+constexpr uint64_t kCallBodyLimit = 64ULL << 20;  // the whole request (code, stdin, files)
+constexpr size_t kMaxCallCodeBytes = 1ULL << 20;  // source text (the fncall service's own limit)
 constexpr size_t kMaxCallFiles = 1000;
 constexpr size_t kMaxCallPathBytes = 1024;
 constexpr double kDefaultCallTimeout = 10;
 constexpr double kMaxCallTimeout = 600;  // a call holds a warm worker for its whole run
 constexpr int64_t kDefaultCallMemory = 256LL << 20;
+constexpr int64_t kMinCallMemory = 32LL << 20;  // the fncall service's own limit
 constexpr int64_t kDefaultCallOutputCap = 1LL << 20;
 constexpr int64_t kMaxCallOutputCap = 16LL << 20;
 

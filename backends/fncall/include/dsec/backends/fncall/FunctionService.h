@@ -33,6 +33,10 @@ struct CallRequest {
   int64_t output_cap = 1LL << 20;            // bytes kept per stream
   std::map<std::string, std::string> files;  // relative path -> bytes, placed in the call's working directory
   std::string image;                         // "" = the service's default image
+  // Python: run the call in an interpreter started for it alone (its own hash seed, nothing preloaded)
+  // instead of a fork of the worker's warm one, at the cost of a whole interpreter start (docs/fncall.md,
+  // "The hash seed"). Bash calls always start their own shell, so for them this changes nothing.
+  bool fresh_interpreter = false;
 };
 
 // What call() accepts (kInvalidArgument naming the field otherwise).
