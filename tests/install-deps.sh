@@ -15,8 +15,8 @@ PACKAGES=(
   slurmctld slurmd slurm-client munge libslurm-dev openmpi-bin libopenmpi-dev libpmix-dev
   # SDK and tests
   python3 python3-pytest python3-setuptools python3-pip
-  # benchmark peers
-  crun bubblewrap
+  # benchmarks: the peers, and the load `dsec bench qos` runs inside its sandboxes
+  crun bubblewrap stress-ng
 )
 
 missing=()

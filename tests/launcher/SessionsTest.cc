@@ -235,8 +235,21 @@ class SessionApiTest : public ApiTest {
     }
     return false;
   }
+  // Each value is written to a temporary file and renamed over /tmp/counter: a reader never sees the file
+  // truncated but not yet written (an empty read once made `[ $c2 -gt $c1 ]` fail).
   static constexpr const char* kCounter =
-      "(i=0; while true; do i=$((i+1)); echo $i > /tmp/counter; sleep 0.1; done) > /dev/null 2>&1 &";
+      "(i=0; while true; do i=$((i+1)); echo $i > /tmp/counter.new; mv /tmp/counter.new /tmp/counter; sleep 0.1; "
+      "done) > /dev/null 2>&1 &";
+  // Polls `path` in the sandbox until it differs from `before` (a counter that still runs) or `seconds` pass.
+  bool changes(const std::string& id, const std::string& path, const std::string& before, double seconds) {
+    double end = monotonicSeconds() + seconds;
+    while (monotonicSeconds() < end) {
+      std::string now = peek(id, path);
+      if (!now.empty() && now != before) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return false;
+  }
 };
 
 TEST_F(SessionApiTest, LapsedLeasePausesAndAttachResumesIntact) {
@@ -276,10 +289,9 @@ TEST_F(SessionApiTest, LapsedLeasePausesAndAttachResumesIntact) {
 
   // The counter in `a` is frozen; the one outside the session keeps counting.
   std::string frozen1 = peek(a, "/tmp/counter"), out1 = peek(outside, "/tmp/counter");
-  std::this_thread::sleep_for(std::chrono::milliseconds(700));
   EXPECT_FALSE(frozen1.empty());
+  EXPECT_TRUE(changes(outside, "/tmp/counter", out1, 20)) << "a sandbox outside the session was affected";
   EXPECT_EQ(peek(a, "/tmp/counter"), frozen1) << "the paused sandbox's process still runs";
-  EXPECT_NE(peek(outside, "/tmp/counter"), out1) << "a sandbox outside the session was affected";
 
   std::string metrics = client_->get("/metrics").body;
   EXPECT_NE(metrics.find("dsec_sandboxes_paused_by_lease 2"), std::string::npos) << metrics;
@@ -308,7 +320,8 @@ TEST_F(SessionApiTest, LapsedLeasePausesAndAttachResumesIntact) {
   EXPECT_EQ(ids, (std::set<std::string>{a, b}));
 
   auto e = exec(a, {{"cmd",
-                     "cat /tmp/state; c1=$(cat /tmp/counter); sleep 0.5; c2=$(cat /tmp/counter); "
+                     "cat /tmp/state; c1=$(cat /tmp/counter); c2=$c1; n=0; "
+                     "while [ $c2 -le $c1 ] && [ $n -lt 200 ]; do sleep 0.1; c2=$(cat /tmp/counter); n=$((n+1)); done; "
                      "[ $c2 -gt $c1 ] && echo counting"}});
   ASSERT_EQ(e.status, 200) << e.body;
   EXPECT_EQ(e.json()["stdout"], "kept\ncounting\n") << e.body;

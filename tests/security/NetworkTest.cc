@@ -182,7 +182,12 @@ TEST_F(NetworkTest, EgressReachesTheWorldButNotTheNodeOtherSandboxesOrMetadata) 
   // Another sandbox is out of reach, even with a service listening.
   auto b_addr = trim(sh(b, "ip addr show eth0 | grep 'inet ' | awk '{print $2}' | cut -d/ -f1").stdout_data);
   ASSERT_FALSE(b_addr.empty());
-  sh(b, "(while true; do echo hi | nc -l -p 7777; done) >/dev/null 2>&1 & sleep 0.5");
+  // Wait until it listens (port 7777 = 0x1E61 in state LISTEN, 0A, in /proc/net/tcp or tcp6: nc listens
+  // dual-stack): a loaded machine may take longer than any fixed sleep.
+  sh(b,
+     "(while true; do echo hi | nc -l -p 7777; done) >/dev/null 2>&1 & "
+     "for i in $(seq 400); do grep -qs ':1E61 [0-9A-F]*:0000 0A' /proc/net/tcp /proc/net/tcp6 && break; "
+     "sleep 0.05; done");
   EXPECT_NE(connect(a, b_addr, 7777), "hi") << "one sandbox reached another";
   EXPECT_EQ(connect(b, "127.0.0.1", 7777), "hi") << "the service in b is not up, so the check above proves nothing";
 }

@@ -82,7 +82,9 @@ TEST_F(FncallTest, OutputThreadsAndEnvironmentAcrossCalls) {
   EXPECT_EQ(r.stderr_data, std::string(200000, 'e'));
   EXPECT_FALSE(r.truncated);
   // A process left behind keeps writing: it is killed, and nothing of it shows in the next call.
-  r = run(bash("(while :; do echo leftover >&2; done) & sleep 0.2; echo main"));
+  r =
+      run(bash("(echo leftover >&2; : > /tmp/started; while :; do echo leftover >&2; done) & "
+               "while [ ! -e /tmp/started ]; do sleep 0.01; done; echo main"));
   EXPECT_EQ(r.stdout_data, "main\n");
   EXPECT_NE(r.stderr_data.find("leftover"), std::string::npos);
   auto next = py("import os\nprint(sorted(os.environ.items()))");
