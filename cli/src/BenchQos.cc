@@ -63,9 +63,14 @@ Result<std::vector<std::string>> sharedLibraries(const std::string& program) {
 // bench-qos:<hash>: busybox + stress-ng + its libraries + dsec-qos-probe. The version follows the probe and
 // stress-ng binaries, so a rebuilt probe gets a new layer.
 Result<std::string> ensureQosImage(const std::string& root) {
-  std::string probe = selfExeDir() + "/dsec-qos-probe";
+  // Next to dsec in a build tree, in libexec/dsec once installed (cmake/DsecInstall.cmake).
+  const std::string beside = selfExeDir() + "/dsec-qos-probe";
+  const std::string installed = selfExeDir() + "/../libexec/dsec/dsec-qos-probe";
+  std::string probe = access(beside.c_str(), X_OK) == 0 ? beside : installed;
   std::string stress = findProgram("stress-ng");
-  if (access(probe.c_str(), X_OK) != 0) return Error::notFound("dsec-qos-probe not found next to dsec: " + probe);
+  if (access(probe.c_str(), X_OK) != 0) {
+    return Error::notFound("dsec-qos-probe not found next to dsec (" + beside + ") nor in " + installed);
+  }
   if (stress.empty()) return Error::notFound("stress-ng not found on PATH (apt-get install stress-ng)");
   DSEC_ASSIGN_OR_RETURN(std::string probe_bytes, readFile(probe));
   DSEC_ASSIGN_OR_RETURN(std::string stress_bytes, readFile(stress));

@@ -234,17 +234,7 @@ json ApiServer::nodeInfo() {
   return info;
 }
 
-bool ApiServer::acceptsCredentials(std::string_view value) const {
-  constexpr std::string_view kBearer = "bearer ";
-  if (value.size() <= kBearer.size() ||
-      !boost::beast::iequals(boost::beast::string_view(value.data(), kBearer.size()),
-                             boost::beast::string_view(kBearer.data(), kBearer.size())))
-    return false;
-  value.remove_prefix(kBearer.size());
-  while (!value.empty() && value.front() == ' ') value.remove_prefix(1);
-  while (!value.empty() && value.back() == ' ') value.remove_suffix(1);
-  return constantTimeEquals(value, token_);
-}
+bool ApiServer::acceptsCredentials(std::string_view value) const { return bearerTokenMatches(value, token_); }
 
 bool ApiServer::authorized(const HttpExchange& ex) const {
   auto it = ex.head().find(http::field::authorization);

@@ -4,6 +4,7 @@
 #include <set>
 #include <string>
 
+#include "dsec/common/Base64.h"
 #include "dsec/common/Strings.h"
 #include "dsec/fs3/LayerRef.h"
 #include "dsec/launcher/Requests.h"

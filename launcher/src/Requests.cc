@@ -1,9 +1,11 @@
 #include "dsec/launcher/Requests.h"
 
+#include <cctype>
 #include <cmath>
 #include <limits>
 #include <set>
 
+#include "dsec/common/Base64.h"
 #include "dsec/common/Strings.h"
 #include "dsec/launcher/Sessions.h"
 
@@ -348,38 +350,16 @@ bool labelsMatch(const std::map<std::string, std::string>& labels, const std::ma
   return true;
 }
 
-Result<std::string> base64Decode(std::string_view text) {
-  auto value = [](char c) -> int {
-    if (c >= 'A' && c <= 'Z') return c - 'A';
-    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
-    if (c >= '0' && c <= '9') return c - '0' + 52;
-    if (c == '+' || c == '-') return 62;
-    if (c == '/' || c == '_') return 63;
-    return -1;
-  };
-  std::string out;
-  out.reserve(text.size() / 4 * 3);
-  uint32_t acc = 0;
-  int bits = 0;
-  size_t padding = 0;
-  for (char c : text) {
-    if (c == '\n' || c == '\r') continue;
-    if (c == '=') {
-      ++padding;
-      continue;
-    }
-    if (padding) return Error::invalid("invalid base64: data after '=' padding");
-    int v = value(c);
-    if (v < 0) return Error::invalid("invalid base64 character");
-    acc = (acc << 6) | static_cast<uint32_t>(v);
-    bits += 6;
-    if (bits >= 8) {
-      bits -= 8;
-      out.push_back(static_cast<char>((acc >> bits) & 0xff));
-    }
+bool bearerTokenMatches(std::string_view authorization, std::string_view token) {
+  constexpr std::string_view kScheme = "bearer ";
+  if (authorization.size() <= kScheme.size()) return false;
+  for (size_t i = 0; i < kScheme.size(); ++i) {
+    if (std::tolower(static_cast<unsigned char>(authorization[i])) != kScheme[i]) return false;
   }
-  if (bits >= 6 || padding > 2) return Error::invalid("invalid base64 length");
-  return out;
+  authorization.remove_prefix(kScheme.size());
+  while (!authorization.empty() && authorization.front() == ' ') authorization.remove_prefix(1);
+  while (!authorization.empty() && authorization.back() == ' ') authorization.remove_suffix(1);
+  return !token.empty() && constantTimeEquals(authorization, token);
 }
 
 bool constantTimeEquals(std::string_view a, std::string_view b) {

@@ -207,6 +207,31 @@ TEST(GatewayPure, NodeSpecIsValidated) {
 TEST_F(GatewayTest, NeedsTheFleetToken) {
   EXPECT_EQ(call(http::verb::get, "/v1/sandboxes", "", "wrong").status, 401);
   EXPECT_EQ(call(http::verb::get, "/healthz", "", "").status, 200);
+  // The scheme in any case and blanks around the token, as the node accepts them (one check for both).
+  auto status_line = [&](const std::string& authorization) {
+    fleet::CallOptions o;
+    auto fd = fleet::connectTo(server_->endpoint(), o);
+    EXPECT_OK(fd);
+    if (!fd.ok()) return std::string();
+    std::string req =
+        "GET /v1/sandboxes HTTP/1.1\r\nHost: x\r\nAuthorization: " + authorization + "\r\nConnection: close\r\n\r\n";
+    EXPECT_EQ(::send(fd->get(), req.data(), req.size(), MSG_NOSIGNAL), static_cast<ssize_t>(req.size()));
+    std::string got;
+    char buf[4096];
+    // The socket is non-blocking: poll it for up to 5 s.
+    for (auto end = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+         got.find("\r\n") == std::string::npos && std::chrono::steady_clock::now() < end;) {
+      ssize_t n = ::recv(fd->get(), buf, sizeof(buf), MSG_DONTWAIT);
+      if (n > 0) got.append(buf, static_cast<size_t>(n));
+      if (n == 0) break;
+      if (n < 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    return got.substr(0, got.find("\r\n"));
+  };
+  EXPECT_EQ(status_line(std::string("bearer  ") + kToken + " "), "HTTP/1.1 200 OK");
+  EXPECT_EQ(status_line(std::string("BEARER ") + kToken), "HTTP/1.1 200 OK");
+  EXPECT_EQ(status_line(std::string("Basic ") + kToken), "HTTP/1.1 401 Unauthorized");
+  EXPECT_EQ(status_line("Bearer "), "HTTP/1.1 401 Unauthorized");
 }
 
 TEST_F(GatewayTest, CreatesSpreadOverNodesAndRequestsFindTheirNode) {

@@ -185,16 +185,17 @@ TEST(Misc, FileModeLabelsBase64Compare) {
   ASSERT_ERROR(parseLabelSelectors({"novalue"}), ErrorCode::kInvalidArgument);
   EXPECT_TRUE(labelsMatch({{"a", "1"}, {"b", "2"}}, {{"a", "1"}}));
   EXPECT_FALSE(labelsMatch({{"a", "1"}}, {{"a", "1"}, {"b", "2"}}));
-  EXPECT_EQ(*base64Decode(""), "");
-  EXPECT_EQ(*base64Decode("YQ=="), "a");
-  EXPECT_EQ(*base64Decode("YWI="), "ab");
-  EXPECT_EQ(*base64Decode("YWJj"), "abc");
-  EXPECT_EQ(*base64Decode("AAEC/w=="), std::string("\x00\x01\x02\xff", 4));
-  ASSERT_ERROR(base64Decode("Y"), ErrorCode::kInvalidArgument);
-  ASSERT_ERROR(base64Decode("YQ==YQ"), ErrorCode::kInvalidArgument);
   EXPECT_TRUE(constantTimeEquals("abc", "abc"));
   EXPECT_FALSE(constantTimeEquals("abc", "abd"));
   EXPECT_FALSE(constantTimeEquals("abc", "abcd"));
+  EXPECT_TRUE(bearerTokenMatches("Bearer tok", "tok"));
+  EXPECT_TRUE(bearerTokenMatches("bearer  tok ", "tok"));
+  EXPECT_TRUE(bearerTokenMatches("BEARER tok", "tok"));
+  EXPECT_FALSE(bearerTokenMatches("Bearer tok2", "tok"));
+  EXPECT_FALSE(bearerTokenMatches("Basic tok", "tok"));
+  EXPECT_FALSE(bearerTokenMatches("Bearertok", "tok"));
+  EXPECT_FALSE(bearerTokenMatches("Bearer ", ""));
+  EXPECT_FALSE(bearerTokenMatches("tok", "tok"));
 }
 
 }  // namespace

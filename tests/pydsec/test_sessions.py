@@ -61,8 +61,8 @@ def test_session_renews_in_the_background(fake):
     s = c.session("bg", lease=1, retention=5)
     assert s.renewing and len(puts) == 1
     assert b'"retention": 5' in puts[0][1]
-    time.sleep(1.2)
-    assert len(puts) >= 3, "renewal runs at lease/3 intervals"
+    # Renewal runs at lease/3 intervals: two renewals within 1 s on a quiet machine; a loaded one gets longer.
+    _wait(lambda: len(puts) >= 3, 10, "two renewals")
     s.close()
     assert not s.renewing
     n = len(puts)

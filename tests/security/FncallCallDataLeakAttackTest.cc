@@ -15,6 +15,7 @@
 #include <map>
 
 #include "FncallNodeFixture.h"
+#include "dsec/common/Base64.h"
 #include "dsec/common/Strings.h"
 
 namespace dsec::testing {
@@ -175,10 +176,11 @@ TEST_F(FncallNodeAttack, LaterCallFindsNothingOfAnEarlierCall) {
       "' + '-' * 100) * 2000 + '\\n')\n"
       "sys.stderr.write('" +
       secrets["stderr"] + "' * 3 + '\\n')\n";
-  json first = call({{"code", victim},
-                     {"stdin", filler + secrets["stdin"] + filler},
-                     {"files", {{"data/" + secrets["file_name"] + ".txt", base64(filler + secrets["file_data"])}}},
-                     {"timeout", 60}});
+  json first =
+      call({{"code", victim},
+            {"stdin", filler + secrets["stdin"] + filler},
+            {"files", {{"data/" + secrets["file_name"] + ".txt", base64Encode(filler + secrets["file_data"])}}},
+            {"timeout", 60}});
   ASSERT_EQ(first["exit_code"], 0) << first.dump().substr(0, 2000);
   ASSERT_NE(first["stdout"].get<std::string>().find("mq True"), std::string::npos) << first["stdout"];
 

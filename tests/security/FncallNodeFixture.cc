@@ -66,24 +66,4 @@ nlohmann::json FncallNodeAttack::call(const nlohmann::json& body) {
   return r.status == 200 ? r.json() : nlohmann::json::object();
 }
 
-std::string base64(const std::string& in) {
-  static constexpr char kAlphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-  std::string out;
-  size_t i = 0;
-  for (; i + 2 < in.size(); i += 3) {
-    const uint32_t v = (static_cast<uint32_t>(static_cast<uint8_t>(in[i])) << 16) |
-                       (static_cast<uint32_t>(static_cast<uint8_t>(in[i + 1])) << 8) | static_cast<uint8_t>(in[i + 2]);
-    for (int shift : {18, 12, 6, 0}) out += kAlphabet[(v >> shift) & 63];
-  }
-  if (i < in.size()) {
-    uint32_t v = static_cast<uint32_t>(static_cast<uint8_t>(in[i])) << 16;
-    if (i + 1 < in.size()) v |= static_cast<uint32_t>(static_cast<uint8_t>(in[i + 1])) << 8;
-    out += kAlphabet[(v >> 18) & 63];
-    out += kAlphabet[(v >> 12) & 63];
-    out += i + 1 < in.size() ? kAlphabet[(v >> 6) & 63] : '=';
-    out += '=';
-  }
-  return out;
-}
-
 }  // namespace dsec::testing

@@ -40,7 +40,4 @@ class FncallNodeAttack : public ::testing::Test {
   std::unique_ptr<HttpTestClient> client_;
 };
 
-// Standard base64 (the API's stdin_b64 and files fields).
-std::string base64(const std::string& in);
-
 }  // namespace dsec::testing

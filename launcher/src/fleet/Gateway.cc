@@ -11,6 +11,7 @@
 
 #include "dsec/common/Logging.h"
 #include "dsec/common/Strings.h"
+#include "dsec/launcher/Requests.h"
 #include "dsec/launcher/Router.h"
 
 namespace dsec::launcher {
@@ -27,13 +28,6 @@ std::string secondsText(double s) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "%.1fs", s);
   return buf;
-}
-
-bool constantTimeEquals(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
-  return diff == 0;
 }
 
 std::vector<std::string> pathSegments(std::string_view target) {
@@ -392,10 +386,7 @@ std::vector<std::pair<Gateway::NodeRef, Result<fleet::HttpReply>>> Gateway::fanO
 
 // ---- requests -------------------------------------------------------------------------------------------
 
-bool Gateway::acceptsCredentials(std::string_view value) const {
-  if (!startsWith(value, "Bearer ")) return false;
-  return constantTimeEquals(value.substr(7), options_.token);
-}
+bool Gateway::acceptsCredentials(std::string_view value) const { return bearerTokenMatches(value, options_.token); }
 
 bool Gateway::authorized(const HttpExchange& ex) const {
   auto it = ex.head().find(http::field::authorization);

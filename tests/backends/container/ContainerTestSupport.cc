@@ -6,6 +6,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 #include <mutex>
 
@@ -56,7 +58,12 @@ void buildLayer(LayerHolder& h) {
     h.layer.error = "cannot copy busybox";
     return;
   }
-  for (const char* a : kApplets) (void)symlink("busybox", (root + "/bin/" + a).c_str());
+  for (const char* a : kApplets) {
+    if (symlink("busybox", (root + "/bin/" + a).c_str()) != 0 && errno != EEXIST) {
+      h.layer.error = std::string("cannot link the busybox applet ") + a + ": " + strerror(errno);
+      return;
+    }
+  }
   (void)writeFile(root + "/etc/passwd", "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n");
   (void)writeFile(root + "/etc/group", "root:x:0:\nnogroup:x:65534:\n");
   (void)writeFile(root + "/etc/shadow", "root:SANDBOX-SHADOW:19000:0:99999:7:::\n");

@@ -75,8 +75,10 @@ Result<uint32_t> parseFileMode(std::string_view text);
 Result<std::map<std::string, std::string>> parseLabelSelectors(const std::vector<std::string>& values);
 bool labelsMatch(const std::map<std::string, std::string>& labels, const std::map<std::string, std::string>& want);
 
-Result<std::string> base64Decode(std::string_view text);
 // Constant-time comparison for the bearer token.
 bool constantTimeEquals(std::string_view a, std::string_view b);
+// Whether an Authorization header value carries `token`: scheme "Bearer" in any case (RFC 9110), blanks around
+// the token ignored, the token compared in constant time. The one check of the node API and the gateway.
+bool bearerTokenMatches(std::string_view authorization, std::string_view token);
 
 }  // namespace dsec::launcher
