@@ -3,7 +3,6 @@
 // waiting at its prompt) in each, held once with the density controller (--controller on) and once with
 // static limits (off: committed memory <= capacity), and measures how the sandboxes share the image's
 // layers in the page cache (docs/density.md).
-#include <dirent.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -16,6 +15,7 @@
 #include <mutex>
 
 #include "BenchSupport.h"
+#include "dsec/common/Directory.h"
 #include "dsec/common/Pressure.h"
 #include "dsec/common/Strings.h"
 #include "dsec/fs3/LayerRef.h"
@@ -69,11 +69,11 @@ struct ProcessMemory {
 ProcessMemory sandboxProcessMemory(const std::string& parent) {
   ProcessMemory m;
   PressurePaths paths = resolvePressurePaths(parent);
-  DIR* dir = ::opendir(paths.memory_dir.c_str());
-  if (!dir) return m;
-  while (auto* ent = ::readdir(dir)) {
-    if (ent->d_name[0] == '.' || ent->d_type != DT_DIR) continue;
-    auto procs = readFile(paths.memory_dir + "/" + ent->d_name + "/cgroup.procs");
+  auto sandboxes = listDirectory(paths.memory_dir);
+  if (!sandboxes.ok()) return m;
+  for (const auto& ent : *sandboxes) {
+    if (ent.name[0] == '.' || !ent.is_dir) continue;
+    auto procs = readFile(paths.memory_dir + "/" + ent.name + "/cgroup.procs");
     if (!procs.ok()) continue;
     for (const auto& pid : split(*procs, '\n')) {
       if (pid.empty()) continue;
@@ -100,7 +100,6 @@ ProcessMemory sandboxProcessMemory(const std::string& parent) {
       ++m.processes;
     }
   }
-  ::closedir(dir);
   return m;
 }
 

@@ -20,16 +20,6 @@ std::string readLocal(const std::string& option, const std::string& path) {
   return *text;
 }
 
-void writeAll(int fd, const std::string& data) {
-  size_t done = 0;
-  while (done < data.size()) {
-    ssize_t n = ::write(fd, data.data() + done, data.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;  // our stdout is gone: nothing sensible left to do with the output
-    done += static_cast<size_t>(n);
-  }
-}
-
 }  // namespace
 
 int cmdCall(const Invocation& inv) {
@@ -100,8 +90,8 @@ int cmdCall(const Invocation& inv) {
   if (!client.ok()) return reportError(inv, client.error());
   auto result = (*client)->call(HttpMethod::kPost, "/v1/call", body);
   if (!result.ok()) return reportError(inv, result.error());
-  writeAll(STDOUT_FILENO, result->value("stdout", ""));
-  writeAll(STDERR_FILENO, result->value("stderr", ""));
+  printAll(STDOUT_FILENO, result->value("stdout", ""));
+  printAll(STDERR_FILENO, result->value("stderr", ""));
   if (result->value("truncated", false)) std::cerr << "dsec call: output was truncated at the output cap\n";
   return exitCodeOf(*result, inv.name);
 }

@@ -4,30 +4,20 @@
 
 #include <iostream>
 
+#include "dsec/common/FdIo.h"
+
 namespace dsec::cli {
 
-namespace {
-
-void writeAll(int fd, const std::string& data) {
-  size_t done = 0;
-  while (done < data.size()) {
-    ssize_t n = ::write(fd, data.data() + done, data.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;  // our stdout is gone (a closed pipe): nothing sensible left to do with the output
-    done += static_cast<size_t>(n);
-  }
-}
-
-}  // namespace
+void printAll(int fd, const std::string& data) { (void)writeAll(fd, data, "output"); }
 
 Result<nlohmann::json> streamExec(ApiClient& client, const std::string& id, const nlohmann::json& body) {
   return client.stream("/v1/sandboxes/" + urlEncode(id) + "/exec/stream", body, [](const nlohmann::json& line) {
     if (!line.is_object()) return;
     if (line.contains("stdout") && line["stdout"].is_string() && !line.contains("done")) {
-      writeAll(STDOUT_FILENO, line["stdout"].get<std::string>());
+      printAll(STDOUT_FILENO, line["stdout"].get<std::string>());
     }
     if (line.contains("stderr") && line["stderr"].is_string() && !line.contains("done")) {
-      writeAll(STDERR_FILENO, line["stderr"].get<std::string>());
+      printAll(STDERR_FILENO, line["stderr"].get<std::string>());
     }
   });
 }

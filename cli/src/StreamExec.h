@@ -17,4 +17,8 @@ Result<nlohmann::json> streamExec(ApiClient& client, const std::string& id, cons
 // a note on stderr when the command timed out or was OOM-killed.
 int exitCodeOf(const nlohmann::json& result, const std::string& command_name);
 
+// Writes a command's output to our stdout or stderr. Either may be gone (a closed pipe): nothing sensible is
+// left to do with the output then, so that is not an error.
+void printAll(int fd, const std::string& data);
+
 }  // namespace dsec::cli

@@ -1,5 +1,4 @@
 // The real cgroup file system: plain system calls, every failure an Error carrying errno and the path.
-#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -9,6 +8,7 @@
 #include <cstring>
 
 #include "dsec/common/Cgroup.h"
+#include "dsec/common/Directory.h"
 #include "dsec/common/Fd.h"
 #include "dsec/common/Strings.h"
 
@@ -45,23 +45,11 @@ class RealCgroupFs final : public CgroupFs {
   Result<std::string> readFile(const std::string& path) override { return ::dsec::readFile(path); }
 
   Result<std::vector<std::string>> listDirs(const std::string& path) override {
-    DIR* dir = ::opendir(path.c_str());
-    if (dir == nullptr) return Error::sys(errno, "opendir " + path);
+    DSEC_ASSIGN_OR_RETURN(auto entries, listDirectory(path));
     std::vector<std::string> names;
-    errno = 0;
-    while (struct dirent* entry = ::readdir(dir)) {
-      if (std::strcmp(entry->d_name, ".") == 0 || std::strcmp(entry->d_name, "..") == 0) continue;
-      bool is_dir = entry->d_type == DT_DIR;
-      if (entry->d_type == DT_UNKNOWN) {
-        struct stat st;
-        is_dir = ::fstatat(::dirfd(dir), entry->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode);
-      }
-      if (is_dir) names.emplace_back(entry->d_name);
-      errno = 0;
+    for (auto& e : entries) {
+      if (e.is_dir) names.push_back(std::move(e.name));
     }
-    int err = errno;
-    ::closedir(dir);
-    if (err != 0) return Error::sys(err, "readdir " + path);
     return names;
   }
 

@@ -11,7 +11,9 @@
 #include <cstdio>
 #include <ctime>
 
+#include "dsec/common/Directory.h"
 #include "dsec/common/Fd.h"
+#include "dsec/common/FdIo.h"
 
 namespace dsec {
 
@@ -129,31 +131,21 @@ Result<std::string> readFile(const std::string& path) {
   return out;
 }
 
-static Status writeAll(int fd, std::string_view data, const std::string& path) {
-  while (!data.empty()) {
-    ssize_t n = ::write(fd, data.data(), data.size());
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return Error::sys(errno, "write " + path);
-    }
-    data.remove_prefix(static_cast<size_t>(n));
-  }
-  return okStatus();
-}
-
 Status writeFile(const std::string& path, std::string_view contents) {
   UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
   if (!fd) return Error::sys(errno, "open " + path);
   return writeAll(fd.get(), contents, path);
 }
 
-Status writeFileAtomic(const std::string& path, std::string_view contents, int mode) {
+Status writeFileAtomic(const std::string& path, std::string_view contents, int mode, Durability durability) {
   std::string tmp = path + ".tmp-" + randomHex(8);
   {
     UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode));
     if (!fd) return Error::sys(errno, "open " + tmp);
     Status st = writeAll(fd.get(), contents, tmp);
-    if (st.ok() && ::fsync(fd.get()) != 0) st = Error::sys(errno, "fsync " + tmp);
+    if (st.ok() && durability == Durability::kSurvivesPowerLoss && ::fsync(fd.get()) != 0) {
+      st = Error::sys(errno, "fsync " + tmp);
+    }
     if (!st.ok()) {
       ::unlink(tmp.c_str());
       return st;
@@ -188,15 +180,10 @@ Status makeDirs(const std::string& path, int mode) {
 // Removes the entries of dirfd (which lives on device dev) recursively without following symlinks or
 // crossing into other mounts.
 static Status removeContents(int dirfd, dev_t dev, const std::string& path) {
-  UniqueFd dup(::dup(dirfd));
-  if (!dup) return Error::sys(errno, "dup");
-  DIR* dir = ::fdopendir(dup.get());
-  if (dir == nullptr) return Error::sys(errno, "opendir " + path);
-  dup.release();
+  DSEC_ASSIGN_OR_RETURN(auto entries, listDirectoryAt(dirfd, path));
   Status result;
-  while (struct dirent* ent = ::readdir(dir)) {
-    std::string name = ent->d_name;
-    if (name == "." || name == "..") continue;
+  for (const auto& ent : entries) {
+    const std::string& name = ent.name;
     struct stat st {};
     if (::fstatat(dirfd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
     if (S_ISDIR(st.st_mode)) {
@@ -215,7 +202,6 @@ static Status removeContents(int dirfd, dev_t dev, const std::string& path) {
       result = Error::sys(errno, "unlink " + path + "/" + name);
     }
   }
-  ::closedir(dir);
   return result;
 }
 

@@ -1,11 +1,10 @@
 #include "AptSources.h"
 
-#include <dirent.h>
-
 #include <algorithm>
 #include <sstream>
 #include <vector>
 
+#include "dsec/common/Directory.h"
 #include "dsec/common/Strings.h"
 
 namespace dsec::fs3 {
@@ -83,9 +82,8 @@ std::string hostAptMirror(const std::string& etc_apt) {
   if (auto text = readFile(etc_apt + "/sources.list"); text.ok()) fromListFile(*text, &urls);
   std::string dir_path = etc_apt + "/sources.list.d";
   std::vector<std::string> names;
-  if (DIR* dir = ::opendir(dir_path.c_str())) {
-    while (struct dirent* ent = ::readdir(dir)) names.emplace_back(ent->d_name);
-    ::closedir(dir);
+  if (auto entries = listDirectory(dir_path); entries.ok()) {
+    for (auto& ent : *entries) names.push_back(std::move(ent.name));
   }
   std::sort(names.begin(), names.end());
   for (const auto& name : names) {

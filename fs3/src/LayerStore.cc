@@ -12,6 +12,7 @@
 #include "Erofs.h"
 #include "Manifest.h"
 #include "StagingDir.h"
+#include "dsec/common/Directory.h"
 #include "dsec/common/Fault.h"
 #include "dsec/common/Logging.h"
 #include "dsec/common/Process.h"
@@ -208,15 +209,14 @@ Result<std::vector<LayerManifest>> LayerStore::list() const {
   std::vector<LayerManifest> out;
   auto entries = [](const std::string& dir) -> Result<std::vector<std::string>> {
     std::vector<std::string> names;
-    DIR* d = ::opendir(dir.c_str());
-    if (d == nullptr) {
-      if (errno == ENOENT) return names;
-      return Error::sys(errno, "opendir " + dir);
+    auto listed = listDirectory(dir);
+    if (!listed.ok()) {
+      if (listed.error().code() == ErrorCode::kNotFound) return names;
+      return listed.error();
     }
-    while (struct dirent* ent = ::readdir(d)) {
-      if (ent->d_name[0] != '.') names.emplace_back(ent->d_name);  // also skips .tmp-* staging dirs
+    for (auto& ent : *listed) {
+      if (ent.name[0] != '.') names.push_back(std::move(ent.name));  // also skips .tmp-* staging dirs
     }
-    ::closedir(d);
     return names;
   };
   DSEC_ASSIGN_OR_RETURN(auto names, entries(layersDir()));

@@ -1,6 +1,5 @@
 #include "StagingDir.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <sys/file.h>
@@ -11,6 +10,7 @@
 #include <cstring>
 #include <vector>
 
+#include "dsec/common/Directory.h"
 #include "dsec/common/Logging.h"
 #include "dsec/common/Strings.h"
 #include "dsec/fs3/MountInfo.h"
@@ -77,16 +77,12 @@ Status StagingDir::publish(const std::string& dest) {
 }
 
 Status removeStaleStagingDirs(const std::string& layers_dir) {
-  DIR* dir = ::opendir(layers_dir.c_str());
-  if (dir == nullptr) {
-    if (errno == ENOENT) return okStatus();
-    return Error::sys(errno, "opendir " + layers_dir);
-  }
+  auto entries = listDirectory(layers_dir);
+  if (!entries.ok()) return entries.error().code() == ErrorCode::kNotFound ? okStatus() : Status(entries.error());
   std::vector<std::string> stale;
-  while (struct dirent* ent = ::readdir(dir)) {
-    if (startsWith(ent->d_name, kPrefix)) stale.push_back(layers_dir + "/" + ent->d_name);
+  for (const auto& ent : *entries) {
+    if (startsWith(ent.name, kPrefix)) stale.push_back(layers_dir + "/" + ent.name);
   }
-  ::closedir(dir);
   Status result;
   for (const auto& path : stale) {
     UniqueFd fd(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));

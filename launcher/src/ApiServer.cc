@@ -9,6 +9,7 @@
 #include <mutex>
 #include <thread>
 
+#include "dsec/common/FdIo.h"
 #include "dsec/common/Logging.h"
 #include "dsec/common/Strings.h"
 #include "dsec/launcher/ExecResponse.h"
@@ -25,33 +26,13 @@ constexpr size_t kStderrKept = size_t{64} * 1024;  // of a tar run, for its erro
 constexpr uint64_t kDiscardLimit = 1 << 20;
 constexpr size_t kEscapeSlice = size_t{16} * 1024;  // output bytes escaped at a time (at most 96 KiB out)
 
-Status writeAll(int fd, const char* data, size_t size) {
-  while (size > 0) {
-    ssize_t n = ::write(fd, data, size);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      if (errno == ENOSPC || errno == EDQUOT) {
-        return Error(ErrorCode::kResourceExhausted, "the sandbox's disk is full");
-      }
-      return Error::sys(errno, "writing");
-    }
-    data += n;
-    size -= static_cast<size_t>(n);
+// A file in a sandbox: a full disk is the sandbox's quota (429 to the client), not a node error.
+Status writeToSandboxFile(int fd, const char* data, size_t size) {
+  Status st = writeAll(fd, std::string_view(data, size), "to the sandbox's file");
+  if (!st.ok() && (st.error().sysErrno() == ENOSPC || st.error().sysErrno() == EDQUOT)) {
+    return Error(ErrorCode::kResourceExhausted, "the sandbox's disk is full");
   }
-  return okStatus();
-}
-
-Status sendAll(int fd, const char* data, size_t size) {
-  while (size > 0) {
-    ssize_t n = ::send(fd, data, size, MSG_NOSIGNAL);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return Error::sys(errno, "feeding tar");
-    }
-    data += n;
-    size -= static_cast<size_t>(n);
-  }
-  return okStatus();
+  return st;
 }
 
 // Streams exec output as NDJSON lines; the backend may call it from its reader threads. Each piece of output
@@ -535,7 +516,7 @@ void ApiServer::writeFile(HttpExchange& ex, const RouteMatch& m) {
   int64_t size = 0;
   Status write_error;
   auto st = ex.readBodyStream([&](const char* data, size_t n) -> Status {
-    auto w = writeAll(fd->get(), data, n);
+    auto w = writeToSandboxFile(fd->get(), data, n);
     if (!w.ok()) {
       write_error = w;
       return w;
@@ -611,7 +592,7 @@ void ApiServer::putTar(HttpExchange& ex, const RouteMatch& m) {
   });
   Status feed_error;
   auto st = ex.readBodyStream([&](const char* data, size_t n) -> Status {
-    auto s = sendAll(ours.get(), data, n);
+    auto s = sendAll(ours.get(), std::string_view(data, n), "to tar");
     if (!s.ok()) feed_error = s;
     return s;
   });
@@ -634,7 +615,7 @@ void ApiServer::putTarViaFile(HttpExchange& ex, backends::Sandbox& sandbox, cons
   if (!fd.ok()) return sendResultError(ex, fd.error().wrap("staging the tar upload"));
   Status write_error;
   auto st = ex.readBodyStream([&](const char* data, size_t n) -> Status {
-    auto w = writeAll(fd->get(), data, n);
+    auto w = writeToSandboxFile(fd->get(), data, n);
     if (!w.ok()) write_error = w;
     return w;
   });

@@ -1,6 +1,5 @@
 #include "dsec/launcher/NodeAgent.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <stdlib.h>
@@ -12,6 +11,7 @@
 #include <set>
 
 #include "dsec/backends/container/ContainerBackend.h"
+#include "dsec/common/Directory.h"
 #include "dsec/common/Logging.h"
 #include "dsec/common/Strings.h"
 #include "dsec/launcher/CpuAllocator.h"
@@ -207,13 +207,11 @@ void NodeAgent::removeEmptyCgroupParent() {
   const std::string& parent = cgroup_parent_;
   if (parent.empty() || parent.find('/') != std::string::npos) return;
   (void)::rmdir(("/sys/fs/cgroup/" + parent).c_str());
-  DIR* dir = opendir("/sys/fs/cgroup");
-  if (!dir) return;
-  while (auto* ent = readdir(dir)) {
-    if (ent->d_name[0] == '.') continue;
-    (void)::rmdir(("/sys/fs/cgroup/" + std::string(ent->d_name) + "/" + parent).c_str());
+  auto hierarchies = listDirectory("/sys/fs/cgroup");
+  if (!hierarchies.ok()) return;
+  for (const auto& h : *hierarchies) {
+    if (h.name[0] != '.') (void)::rmdir(("/sys/fs/cgroup/" + h.name + "/" + parent).c_str());
   }
-  closedir(dir);
 }
 
 std::string NodeAgent::stateDir() const { return options_.root + "/state/sandboxes"; }

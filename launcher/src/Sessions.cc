@@ -1,12 +1,12 @@
 #include "dsec/launcher/Sessions.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <unistd.h>
 
 #include <cmath>
 #include <cstring>
 
+#include "dsec/common/Directory.h"
 #include "dsec/common/Logging.h"
 #include "dsec/common/Strings.h"
 
@@ -92,44 +92,16 @@ json Session::toJson() const {
 }
 
 Result<std::vector<std::string>> listStateFiles(const std::string& dir_path) {
-  DIR* dir = opendir(dir_path.c_str());
-  if (!dir) return Error::sys(errno, "opendir " + dir_path);
+  DSEC_ASSIGN_OR_RETURN(auto entries, listDirectory(dir_path));
   std::vector<std::string> files;
-  while (auto* ent = readdir(dir)) {
-    std::string name = ent->d_name;
-    if (name.find(".tmp-") != std::string::npos) {
-      ::unlinkat(dirfd(dir), name.c_str(), 0);  // a write cut short by a crash
-    } else if (name.size() > 5 && name.compare(name.size() - 5, 5, ".json") == 0) {
-      files.push_back(name);
+  for (auto& e : entries) {
+    if (e.name.find(".tmp-") != std::string::npos) {
+      ::unlink((dir_path + "/" + e.name).c_str());  // a write cut short by a crash
+    } else if (e.name.size() > 5 && e.name.compare(e.name.size() - 5, 5, ".json") == 0) {
+      files.push_back(std::move(e.name));
     }
   }
-  closedir(dir);
   return files;
-}
-
-Status writeStateFile(const std::string& path, const std::string& text) {
-  std::string tmp = path + ".tmp-" + randomHex(8);
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  if (fd < 0) return Error::sys(errno, "open " + tmp);
-  size_t off = 0;
-  while (off < text.size()) {
-    ssize_t n = ::write(fd, text.data() + off, text.size() - off);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      int err = n < 0 ? errno : EIO;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      return Error::sys(err, "write " + tmp);
-    }
-    off += static_cast<size_t>(n);
-  }
-  ::close(fd);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    int err = errno;
-    ::unlink(tmp.c_str());
-    return Error::sys(err, "rename " + tmp);
-  }
-  return okStatus();
 }
 
 SessionTable::SessionTable(std::string dir) : dir_(std::move(dir)) {}

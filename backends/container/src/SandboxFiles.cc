@@ -1,6 +1,5 @@
 #include "SandboxFiles.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <linux/capability.h>
 #include <linux/openat2.h>
@@ -11,6 +10,8 @@
 
 #include <cerrno>
 #include <optional>
+
+#include "dsec/common/Directory.h"
 
 namespace dsec::backends {
 namespace {
@@ -131,23 +132,10 @@ Result<UniqueFd> openRegular(int root_fd, const std::string& path, uint64_t flag
 
 // Removes everything below dir_fd, staying on one file system (dev) and never following symlinks.
 Status removeContents(int dir_fd, dev_t dev, const std::string& path) {
-  int dup_fd = fcntl(dir_fd, F_DUPFD_CLOEXEC, 0);
-  if (dup_fd < 0) return Error::sys(errno, "dup " + path);
-  DIR* dir = fdopendir(dup_fd);
-  if (dir == nullptr) {
-    close(dup_fd);
-    return Error::sys(errno, "opendir " + path);
-  }
-  std::vector<std::pair<std::string, bool>> entries;
-  while (dirent* e = readdir(dir)) {
-    std::string name = e->d_name;
-    if (name == "." || name == "..") continue;
-    entries.emplace_back(name, e->d_type == DT_DIR || e->d_type == DT_UNKNOWN);
-  }
-  closedir(dir);
-  for (const auto& [name, maybe_dir] : entries) {
+  DSEC_ASSIGN_OR_RETURN(auto entries, listDirectoryAt(dir_fd, path));
+  for (const auto& [name, is_dir] : entries) {
     std::string child = path == "/" ? "/" + name : path + "/" + name;
-    if (maybe_dir) {
+    if (is_dir) {
       int fd = openat(dir_fd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
       if (fd >= 0) {
         UniqueFd sub(fd);
@@ -229,21 +217,14 @@ Result<std::vector<FileStat>> sandboxListDir(int root_fd, const std::string& raw
   DSEC_ASSIGN_OR_RETURN(std::string path, normalizeSandboxPath(raw));
   int fd = openIn(root_fd, path, O_RDONLY | O_DIRECTORY);
   if (fd < 0) return pathError(errno, "list", path);
-  DIR* dir = fdopendir(fd);
-  if (dir == nullptr) {
-    int e = errno;
-    close(fd);
-    return Error::sys(e, "opendir " + path);
-  }
+  UniqueFd dir(fd);
+  DSEC_ASSIGN_OR_RETURN(auto entries, listDirectoryAt(dir.get(), path));
   std::vector<FileStat> out;
-  while (dirent* e = readdir(dir)) {
-    std::string name = e->d_name;
-    if (name == "." || name == "..") continue;
+  for (const auto& e : entries) {
     struct stat st;
-    if (fstatat(dirfd(dir), e->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0) continue;  // removed meanwhile
-    out.push_back(toFileStat(name, st));
+    if (fstatat(dir.get(), e.name.c_str(), &st, AT_SYMLINK_NOFOLLOW) < 0) continue;  // removed meanwhile
+    out.push_back(toFileStat(e.name, st));
   }
-  closedir(dir);
   return out;
 }
 

@@ -16,6 +16,7 @@
 
 #include "InitProtocol.h"
 #include "SpawnProtocol.h"
+#include "dsec/common/FdIo.h"
 #include "dsec/common/Logging.h"
 #include "dsec/common/Process.h"
 #include "dsec/common/Strings.h"
@@ -118,16 +119,8 @@ void killAndReap(SpawnedProcess& p) {
   p.pidfd.reset();
 }
 
-Status sendAll(int fd, const void* data, size_t len) {
-  const char* p = static_cast<const char*>(data);
-  while (len > 0) {
-    ssize_t n = ::send(fd, p, len, MSG_NOSIGNAL);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return Error::sys(errno, "send to the spawner");
-    p += n;
-    len -= static_cast<size_t>(n);
-  }
-  return okStatus();
+Status sendToSpawner(int fd, const void* data, size_t len) {
+  return sendAll(fd, std::string_view(static_cast<const char*>(data), len), "to the spawner");
 }
 
 void appendStrings(std::string* out, const std::vector<std::string>& strings) {
@@ -224,8 +217,8 @@ Status Spawner::startLocked() {
   process_ = std::move(process);
   channel_ = std::move(ours);
   sp::SetupHeader setup{sp::kSetupMagic, static_cast<uint32_t>(seccomp_.size())};
-  Status sent = sendAll(channel_.get(), &setup, sizeof setup);
-  if (sent.ok()) sent = sendAll(channel_.get(), seccomp_.data(), seccomp_.size() * sizeof(sock_filter));
+  Status sent = sendToSpawner(channel_.get(), &setup, sizeof setup);
+  if (sent.ok()) sent = sendToSpawner(channel_.get(), seccomp_.data(), seccomp_.size() * sizeof(sock_filter));
   if (!sent.ok()) {
     killAndReap(process_);
     channel_.reset();
@@ -273,7 +266,7 @@ Result<SpawnedCommand> Spawner::sendLocked(const CommandSpawnRequest& request, c
   if (n < 0) return Error::sys(errno, "send to the spawner");
   *sent = true;  // from here the spawner may have started something: no blind retry
   if (n != static_cast<ssize_t>(sizeof header)) return Error::internal("short send to the spawner");
-  DSEC_TRY(sendAll(channel_.get(), strings.data(), strings.size()));
+  DSEC_TRY(sendToSpawner(channel_.get(), strings.data(), strings.size()));
   status_w.reset();  // the child holds the only write end now
 
   sp::Reply reply{};

@@ -21,8 +21,14 @@ bool startsWith(std::string_view text, std::string_view prefix);
 std::string randomHex(size_t length);
 // Reads a whole (small) file; errors carry errno and the path.
 Result<std::string> readFile(const std::string& path);
-// Writes via a temp file + fsync + rename so readers never see half a file.
-Status writeFileAtomic(const std::string& path, std::string_view contents, int mode = 0644);
+// How long an atomic write must last. kSurvivesPowerLoss fsyncs the file before the rename. kSurvivesAgentCrash
+// skips that: for files that only matter while processes of this boot live (a sandbox's state: no power loss
+// leaves the sandbox to re-adopt), where an fsync would only slow the path that writes them.
+enum class Durability { kSurvivesPowerLoss, kSurvivesAgentCrash };
+// Writes via a temp file (".tmp-" + random, created exclusively with `mode`) + rename, so readers never see
+// half a file; the temp file is removed on failure.
+Status writeFileAtomic(const std::string& path, std::string_view contents, int mode = 0644,
+                       Durability durability = Durability::kSurvivesPowerLoss);
 Status writeFile(const std::string& path, std::string_view contents);
 // mkdir -p with the given mode for created dirs.
 Status makeDirs(const std::string& path, int mode = 0755);

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "dsec/common/Result.h"
+#include "dsec/common/Strings.h"
 
 namespace dsec::launcher {
 
@@ -52,9 +53,11 @@ struct Session {
   nlohmann::json toJson() const;
 };
 
-// Writes text to path through a temp file + rename (no fsync: these files only matter while the node's
-// sandboxes live, which no power loss survives). Mode 0600.
-Status writeStateFile(const std::string& path, const std::string& text);
+// Writes a state file: atomically, mode 0600, without fsync (these files only matter while the node's sandboxes
+// live, which no power loss survives).
+inline Status writeStateFile(const std::string& path, const std::string& text) {
+  return writeFileAtomic(path, text, 0600, Durability::kSurvivesAgentCrash);
+}
 // The *.json state files in dir (names only), after deleting the temp files of writes a crash cut short.
 Result<std::vector<std::string>> listStateFiles(const std::string& dir);
 
