@@ -13,7 +13,7 @@ std::string base64Encode(std::string_view bytes) {
   if (bytes.empty()) return out;
   out.resize(4 * ((bytes.size() + 2) / 3) + 1);  // the coder writes a terminating NUL
   // Blocks of at most INT_MAX / 2 input bytes: the coder's lengths are ints.
-  constexpr size_t kBlock = (std::numeric_limits<int>::max() / 2 / 3) * 3;
+  constexpr size_t kBlock = static_cast<size_t>(std::numeric_limits<int>::max() / 2 / 3) * 3;
   size_t written = 0;
   for (size_t at = 0; at < bytes.size(); at += kBlock) {
     const size_t n = std::min(kBlock, bytes.size() - at);

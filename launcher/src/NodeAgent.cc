@@ -207,8 +207,9 @@ void NodeAgent::removeEmptyCgroupParent() {
   const std::string& parent = cgroup_parent_;
   if (parent.empty() || parent.find('/') != std::string::npos) return;
   (void)::rmdir(("/sys/fs/cgroup/" + parent).c_str());
-  auto hierarchies = listDirectory("/sys/fs/cgroup");
-  if (!hierarchies.ok()) return;
+  auto listed = listDirectory("/sys/fs/cgroup");
+  const auto* hierarchies = listed.ifOk();  // (shutdown runs from the destructor: nothing here may throw)
+  if (hierarchies == nullptr) return;
   for (const auto& h : *hierarchies) {
     if (h.name[0] != '.') (void)::rmdir(("/sys/fs/cgroup/" + h.name + "/" + parent).c_str());
   }

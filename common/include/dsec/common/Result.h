@@ -63,6 +63,8 @@ class [[nodiscard]] Result {
   const T& operator*() const& { return value(); }
   T* operator->() { return &value(); }
   const T* operator->() const { return &value(); }
+  // The value, or nullptr for an error: for code that must not throw (destructors, C callbacks).
+  T* ifOk() noexcept { return std::get_if<0>(&v_); }
   const Error& error() const { return std::get<1>(v_); }
 
  private:
