@@ -22,6 +22,7 @@
 #include "SeccompFilter.h"
 #include "Spawn.h"
 #include "dsec/common/Fault.h"
+#include "dsec/common/FdIo.h"
 #include "dsec/common/Logging.h"
 #include "dsec/common/Process.h"
 #include "dsec/common/Strings.h"
@@ -115,32 +116,9 @@ Result<std::vector<UniqueFd>> sandboxMounts(const SandboxSpec& spec, int userns_
 Status sendConfig(int fd, const std::string& data, const std::vector<UniqueFd>& mounts) {
   std::vector<int> fds;
   for (const auto& m : mounts) fds.push_back(m.get());
-  iovec iov{const_cast<char*>(data.data()), 1};
-  std::vector<char> control(CMSG_SPACE(sizeof(int) * std::max<size_t>(fds.size(), 1)));
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  if (!fds.empty()) {
-    msg.msg_control = control.data();
-    msg.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
-    cmsghdr* c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
-    std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
-  }
-  ssize_t n;
-  do {
-    n = ::sendmsg(fd, &msg, MSG_NOSIGNAL);
-  } while (n < 0 && errno == EINTR);
-  if (n != 1) return Error::sys(errno, "send config to init");
-  size_t off = 1;
-  while (off < data.size()) {
-    n = ::send(fd, data.data() + off, data.size() - off, MSG_NOSIGNAL);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return Error::sys(errno, "send config to init");
-    off += static_cast<size_t>(n);
-  }
+  DSEC_ASSIGN_OR_RETURN(size_t n, sendWithFds(fd, std::string_view(data).substr(0, 1), fds, "config to init"));
+  if (n != 1) return Error::sys(EIO, "short send of the config to init");
+  DSEC_TRY(sendAll(fd, std::string_view(data).substr(1), "config to init"));
   if (::shutdown(fd, SHUT_WR) < 0) return Error::sys(errno, "finish config to init");
   return okStatus();
 }

@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "dsec/common/FdIo.h"
 #include "dsec/common/Strings.h"
 
 namespace dsec::backends::fncall {
@@ -67,25 +68,11 @@ Status sendCall(int control, double timeout_seconds, const ZygoteCallFds& fds) {
   static_assert(sizeof bits == sizeof timeout_seconds);
   std::memcpy(&bits, &timeout_seconds, sizeof bits);
   appendBigEndian(&payload, bits, 8);
-  iovec iov{payload.data(), payload.size()};
-  alignas(cmsghdr) char control_buf[CMSG_SPACE(sizeof(int) * 3)] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control_buf;
-  msg.msg_controllen = sizeof control_buf;
-  cmsghdr* c = CMSG_FIRSTHDR(&msg);
-  c->cmsg_level = SOL_SOCKET;
-  c->cmsg_type = SCM_RIGHTS;
-  c->cmsg_len = CMSG_LEN(sizeof(int) * 3);
-  std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * 3);
-  for (;;) {
-    ssize_t n = sendmsg(control, &msg, MSG_NOSIGNAL);
-    if (n == static_cast<ssize_t>(payload.size())) return okStatus();
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && zygoteGone(errno)) return Error(ErrorCode::kUnavailable, "the zygote exited");
-    return Error::sys(n < 0 ? errno : EIO, "sending a call to the zygote");
-  }
+  auto sent = sendWithFds(control, payload, fds, "a call to the zygote");
+  if (!sent.ok() && zygoteGone(sent.error().sysErrno())) return Error(ErrorCode::kUnavailable, "the zygote exited");
+  if (!sent.ok()) return sent.error();
+  if (*sent != payload.size()) return Error::sys(EIO, "short send of a call to the zygote");  // SOCK_SEQPACKET
+  return okStatus();
 }
 
 Result<ZygoteAnswer> receiveAnswer(int control) {
