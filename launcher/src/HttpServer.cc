@@ -612,12 +612,7 @@ void HttpServer::acceptLoop() {
       // Wake for the oldest queued connection's end of wait.
       double now = monotonicSeconds(), next = now + 1.0;
       for (const auto& [client, order] : queue_order_) {
-        for (int fd : order) {
-          auto it = queued_.find(fd);
-          if (it == queued_.end()) continue;
-          next = std::min(next, it->second.accepted_at + queueWaitSeconds());
-          break;
-        }
+        next = std::min(next, queued_.at(order.front()).accepted_at + queueWaitSeconds());
       }
       timeout_ms = std::max(0, static_cast<int>(std::ceil((next - now) * 1000)));
     }
@@ -744,7 +739,19 @@ void HttpServer::enqueue(int fd, const std::string& client, double accepted_at) 
   if (sentValidToken(fd)) {
     unqueue(fd);
     startConnection(fd, client, accepted_at, /*authenticated=*/true);
+    return;
   }
+  // A slot released after the caller's tryTake failed but before queued_now_ counted this one wrote no wake:
+  // take it now, or this connection would wait for the next wake (up to a second) with a slot free.
+  if (oldestQueued(client) == fd && client_budget_.tryTake(client)) {
+    unqueue(fd);
+    startConnection(fd, client, accepted_at, /*authenticated=*/false);
+  }
+}
+
+int HttpServer::oldestQueued(const std::string& client) const {
+  auto it = queue_order_.find(client);
+  return it == queue_order_.end() ? -1 : it->second.front();
 }
 
 void HttpServer::unqueue(int fd) {
@@ -755,9 +762,14 @@ void HttpServer::unqueue(int fd) {
   queued_.erase(it);
   queued_now_--;
   if (--queued_per_client_[client] <= 0) queued_per_client_.erase(client);
-  auto& order = queue_order_[client];
-  while (!order.empty() && queued_.find(order.front()) == queued_.end()) order.pop_front();
-  if (order.empty()) queue_order_.erase(client);
+  // Removed from its place, wherever it is: a stale entry would alias the next connection the kernel gives
+  // this fd number (another client's, charged to this client's budget).
+  auto oit = queue_order_.find(client);
+  if (oit != queue_order_.end()) {
+    auto& order = oit->second;
+    order.erase(std::find(order.begin(), order.end(), fd));
+    if (order.empty()) queue_order_.erase(oit);
+  }
 }
 
 void HttpServer::recheckQueued() {
@@ -783,30 +795,13 @@ void HttpServer::admitQueued() {
   for (const auto& [client, order] : queue_order_) clients.push_back(client);
   for (const auto& client : clients) {
     // Those that waited long enough are refused first: one started now would have no time left for its head.
-    for (;;) {
-      auto oit = queue_order_.find(client);
-      if (oit == queue_order_.end() || oit->second.empty()) break;
-      int fd = oit->second.front();
-      auto it = queued_.find(fd);
-      if (it == queued_.end()) {
-        oit->second.pop_front();
-        continue;
-      }
-      if (now < it->second.accepted_at + queueWaitSeconds()) break;
+    for (int fd; (fd = oldestQueued(client)) >= 0 && now >= queued_.at(fd).accepted_at + queueWaitSeconds();) {
       unqueue(fd);
       refuseForClient(fd, client);
     }
-    for (;;) {
-      auto oit = queue_order_.find(client);
-      if (oit == queue_order_.end() || oit->second.empty()) break;
-      int fd = oit->second.front();
-      auto it = queued_.find(fd);
-      if (it == queued_.end()) {
-        oit->second.pop_front();
-        continue;
-      }
-      if (active_.load() >= options_.max_connections || !client_budget_.tryTake(client)) break;
-      double accepted_at = it->second.accepted_at;
+    for (int fd; (fd = oldestQueued(client)) >= 0 && active_.load() < options_.max_connections &&
+                 client_budget_.tryTake(client);) {
+      const double accepted_at = queued_.at(fd).accepted_at;
       unqueue(fd);
       startConnection(fd, client, accepted_at, /*authenticated=*/false);
     }

@@ -290,6 +290,8 @@ class HttpServer {
   bool sentValidToken(int fd);
   void enqueue(int fd, const std::string& client, double accepted_at);
   void unqueue(int fd);
+  // The fd of the client's longest-waiting queued connection; -1 when it has none queued.
+  int oldestQueued(const std::string& client) const;
   // Queued connections whose head now shows the token start at once (the queue's epoll reported data).
   void recheckQueued();
   // Starts queued connections whose client has a slot again; refuses those that waited too long.
@@ -313,6 +315,7 @@ class HttpServer {
   // Connections over their client's budget (acceptor thread only): by fd, and each client's fds oldest first
   // (an fd no longer queued is skipped there). Their fds are in queue_epoll_ (edge-triggered: new head bytes).
   std::unordered_map<int, Queued> queued_;
+  // Per client, its queued fds oldest first; exactly the fds in queued_ (unqueue removes an fd from its place).
   std::unordered_map<std::string, std::deque<int>> queue_order_;
   std::unordered_map<std::string, int> queued_per_client_;
   std::atomic<int> queued_now_{0};
