@@ -245,6 +245,10 @@ void returnHome(int flags) {
 // them (all but the user namespace, which the child joins last) around the clone. Nothing inside sees us meanwhile:
 // we live in the node's pid namespace.
 int spawnOne(const Request& r) {
+  // Only namespaces returnHome knows how to leave: anything else (a user namespace above all) would stay with the
+  // spawner for every later command.
+  constexpr uint32_t kEnterable = CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWCGROUP;
+  if ((r.header.namespace_flags & ~kEnterable) != 0) return -EINVAL;
   const int enter = CLONE_NEWPID | r.header.namespace_flags;
   if (setns(r.fds[0], enter) < 0) return -errno;  // all or nothing: still at home
   long pid = syscall(SYS_clone, CLONE_PARENT | SIGCHLD, nullptr, nullptr, nullptr, 0);

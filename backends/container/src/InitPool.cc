@@ -117,7 +117,12 @@ Result<IdleInit> spawnIdleInit(const InitKind& kind) {
   out.process.pid = pid;
   // PID 1 of the sandbox is our child (CLONE_PARENT): its pid stays ours until we reap it.
   auto pidfd = pidfdOpen(pid);
-  if (!pidfd.ok()) return pidfd.error().wrap("starting a sandbox init");
+  if (!pidfd.ok()) {  // unwatched, it would never be reaped (and would hold its id range): end it here
+    ::kill(pid, SIGKILL);
+    while (::waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
+    }
+    return pidfd.error().wrap("starting a sandbox init");
+  }
   out.process.pidfd = std::move(*pidfd);
   out.config = std::move(config);
   out.status_r = std::move(status_r);

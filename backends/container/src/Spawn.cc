@@ -247,25 +247,11 @@ Result<SpawnedCommand> Spawner::sendLocked(const CommandSpawnRequest& request, c
   header.nprocs = static_cast<uint32_t>(request.procs_fds.size());
   header.string_bytes = static_cast<uint32_t>(strings.size());
 
-  iovec iov{&header, sizeof header};
-  std::vector<char> control(CMSG_SPACE(sizeof(int) * fds.size()));
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control.data();
-  msg.msg_controllen = control.size();
-  cmsghdr* c = CMSG_FIRSTHDR(&msg);
-  c->cmsg_level = SOL_SOCKET;
-  c->cmsg_type = SCM_RIGHTS;
-  c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
-  std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
-  ssize_t n;
-  do {
-    n = ::sendmsg(channel_.get(), &msg, MSG_NOSIGNAL);
-  } while (n < 0 && errno == EINTR);
-  if (n < 0) return Error::sys(errno, "send to the spawner");
+  DSEC_ASSIGN_OR_RETURN(
+      size_t n, sendWithFds(channel_.get(), std::string_view(reinterpret_cast<const char*>(&header), sizeof header),
+                            fds, "to the spawner"));
   *sent = true;  // from here the spawner may have started something: no blind retry
-  if (n != static_cast<ssize_t>(sizeof header)) return Error::internal("short send to the spawner");
+  if (n != sizeof header) return Error::internal("short send to the spawner");
   DSEC_TRY(sendToSpawner(channel_.get(), strings.data(), strings.size()));
   status_w.reset();  // the child holds the only write end now
 
@@ -284,8 +270,16 @@ Result<SpawnedCommand> Spawner::sendLocked(const CommandSpawnRequest& request, c
   if (reply.pid <= 0) return Error::sys(reply.err != 0 ? reply.err : EIO, "start a command in the sandbox");
   SpawnedCommand out;
   out.pid = reply.pid;
-  // The command is our child (CLONE_PARENT): its pid cannot be reused before we reap it.
-  DSEC_ASSIGN_OR_RETURN(out.pidfd, pidfdOpen(reply.pid));
+  // The command is our child (CLONE_PARENT): its pid cannot be reused before we reap it. Without a pidfd nothing
+  // would ever watch or reap it: kill it rather than leave it running unsupervised.
+  auto pidfd = pidfdOpen(reply.pid);
+  if (!pidfd.ok()) {
+    ::kill(reply.pid, SIGKILL);
+    while (::waitpid(reply.pid, nullptr, 0) < 0 && errno == EINTR) {
+    }
+    return pidfd.error().wrap("watching a command started in the sandbox");
+  }
+  out.pidfd = std::move(*pidfd);
   out.status_fd = std::move(status_r);
   return out;
 }
