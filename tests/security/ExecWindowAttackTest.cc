@@ -80,7 +80,12 @@ TEST_F(ApiTest, ExecWindowNeverExposesTheAgentsMemory) {
                               {{"Content-Type", "application/x-tar"}});
     EXPECT_EQ(t.status, 200) << t.body;
   }
-  auto stop = exec(id, {{"cmd", "touch /tmp/stop; sleep 1; cat /tmp/watch.log; echo; cat /tmp/canary.pid"}});
+  // The watcher writes its summary ("seen ...") as it exits, which on a loaded machine may take a while: wait
+  // for that line (bounded by the exec's timeout), not a fixed time.
+  auto stop = exec(id, {{"cmd",
+                         "touch /tmp/stop; n=0; while ! grep -q '^seen' /tmp/watch.log && [ $n -lt 1500 ]; do "
+                         "usleep 20000; n=$((n+1)); done; cat /tmp/watch.log; echo; cat /tmp/canary.pid"},
+                        {"timeout", 60}});
   ASSERT_EQ(stop.status, 200) << stop.body;
   std::string out = stop.json()["stdout"];
   auto lines = split(trim(out), '\n');

@@ -2,6 +2,7 @@
 #include "FncallNodeFixture.h"
 
 #include "PythonTestImage.h"
+#include "dsec/backends/container/ContainerBackend.h"
 #include "dsec/fs3/LayerStore.h"
 
 namespace dsec::testing {
@@ -11,7 +12,9 @@ void FncallNodeAttack::SetUpTestSuite() {
   if (!skip_.empty()) return;
   rootfs_dir_ = new TempDir();
   auto st = writePythonRootfs(rootfs_dir_->path() + "/rootfs");
-  if (!st.ok()) skip_ = "cannot build the python rootfs: " + st.error().toString();
+  // Only a missing host feature skips; any other failure is a failure of every test (SetUp asserts it).
+  if (!st.ok() && st.error().code() == ErrorCode::kUnsupported) skip_ = st.error().message();
+  if (!st.ok() && st.error().code() != ErrorCode::kUnsupported) setup_error_ = st.error().toString();
 }
 
 void FncallNodeAttack::TearDownTestSuite() {
@@ -21,6 +24,7 @@ void FncallNodeAttack::TearDownTestSuite() {
 
 void FncallNodeAttack::SetUp() {
   if (!skip_.empty()) GTEST_SKIP() << skip_;
+  ASSERT_TRUE(setup_error_.empty()) << "cannot build the python rootfs: " << setup_error_;
   root_ = std::make_unique<TempDir>();
   fs3::LayerStore store(root_->path());
   auto built = store.buildFromDir({"pyattack", "1"}, rootfs_dir_->path() + "/rootfs", "", "dir:python");
@@ -54,7 +58,13 @@ void FncallNodeAttack::start(const launcher::ServeOptions& o) {
   client_ = std::make_unique<HttpTestClient>(node_->endpoint(), node_->token());
   nlohmann::json info = client_->get("/v1/node").json();
   if (info["unavailable_backends"].contains("fncall")) {
-    GTEST_SKIP() << "fncall unavailable here: " << info["unavailable_backends"]["fncall"];
+    // Skipped only where the host lacks what container sandboxes need; otherwise the node is wrong.
+    backends::ContainerBackendOptions probe;
+    probe.init_pool_size = 0;  // nothing started: only asked what the host lacks
+    auto backend = backends::makeContainerBackend(probe);
+    const bool host_lacks = backend.ok() && !(*backend)->missingFeatures().empty();
+    if (host_lacks) GTEST_SKIP() << "fncall unavailable here: " << info["unavailable_backends"]["fncall"];
+    FAIL() << "the node offers no fncall on a host that has what it needs: " << info["unavailable_backends"]["fncall"];
   }
 }
 

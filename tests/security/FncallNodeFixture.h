@@ -34,6 +34,7 @@ class FncallNodeAttack : public ::testing::Test {
   nlohmann::json call(const nlohmann::json& body);
 
   static inline std::string skip_;
+  static inline std::string setup_error_;
   static inline TempDir* rootfs_dir_ = nullptr;
   std::unique_ptr<TempDir> root_;
   std::unique_ptr<launcher::EmbeddedNode> node_;

@@ -31,7 +31,7 @@ constexpr const char* kHog =
     "    if fd < 0: break\n"
     "    fds.append(fd)\n"
     "print('held', len(fds), 'errno', ctypes.get_errno(), 'from', time.time(), flush=True)\n"
-    "time.sleep(6)\n"
+    "time.sleep(20)\n"
     "print('until', time.time())\n";
 
 constexpr const char* kVictim =
@@ -95,7 +95,8 @@ TEST_F(FncallNodeAttack, CallsOfDifferentWorkersAreDifferentHostUsers) {
   bool overlapped = false;
   for (int attempt = 0; attempt < 3 && !overlapped; ++attempt) {
     auto hog = std::async(std::launch::async, [&] { return callOn(*other, {{"code", kHog}, {"timeout", 120}}); });
-    std::this_thread::sleep_for(std::chrono::milliseconds(2000));
+    // The victim must run while the hog holds: the times both print are checked below (and retried if not).
+    std::this_thread::sleep_for(std::chrono::milliseconds(4000));
     json victim = call({{"code", kVictim}, {"timeout", 120}});
     json held = hog.get();
     const std::string hog_out = held.value("stdout", "");
