@@ -20,7 +20,7 @@
 #include "dsec/common/Strings.h"
 #include "dsec/fs3/LayerRef.h"
 #include "dsec/fs3/LayerStore.h"
-#include "dsec/launcher/NodeAgent.h"
+#include "dsec/launcher/node/NodeAgent.h"
 
 namespace dsec::cli {
 namespace {

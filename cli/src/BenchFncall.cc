@@ -10,7 +10,7 @@
 #include "BenchSupport.h"
 #include "dsec/common/Strings.h"
 #include "dsec/fs3/LayerStore.h"
-#include "dsec/launcher/NodeFncall.h"
+#include "dsec/launcher/node/NodeFncall.h"
 
 namespace dsec::cli {
 namespace {

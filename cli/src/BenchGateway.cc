@@ -29,12 +29,12 @@
 #include "BenchSupport.h"
 #include "dsec/common/Logging.h"
 #include "dsec/common/Strings.h"
-#include "dsec/launcher/ApiServer.h"
-#include "dsec/launcher/Gateway.h"
-#include "dsec/launcher/HttpServer.h"
-#include "dsec/launcher/Metrics.h"
-#include "dsec/launcher/NodeAgent.h"
-#include "dsec/launcher/SimulatedBackend.h"
+#include "dsec/launcher/api/ApiServer.h"
+#include "dsec/launcher/fleet/Gateway.h"
+#include "dsec/launcher/api/HttpServer.h"
+#include "dsec/launcher/node/Metrics.h"
+#include "dsec/launcher/node/NodeAgent.h"
+#include "dsec/launcher/node/SimulatedBackend.h"
 
 namespace dsec::cli {
 namespace {

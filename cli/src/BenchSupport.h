@@ -11,7 +11,7 @@
 
 #include "ApiClient.h"
 #include "Cli.h"
-#include "dsec/launcher/Serve.h"
+#include "dsec/launcher/api/Serve.h"
 
 namespace dsec::cli {
 

@@ -1,6 +1,6 @@
 // dsec serve: the embedded single-node fleet, in the foreground until SIGINT/SIGTERM.
 #include "Commands.h"
-#include "dsec/launcher/Serve.h"
+#include "dsec/launcher/api/Serve.h"
 
 namespace dsec::cli {
 

@@ -9,7 +9,7 @@
 
 #include "ApiFixture.h"
 #include "dsec/common/Strings.h"
-#include "dsec/launcher/Credentials.h"
+#include "dsec/launcher/api/Credentials.h"
 
 namespace dsec::testing {
 namespace {

@@ -13,8 +13,8 @@
 #include "dsec/backends/container/ContainerBackend.h"
 #include "dsec/common/Strings.h"
 #include "dsec/fs3/LayerStore.h"
-#include "dsec/launcher/NodeAgent.h"
-#include "dsec/launcher/Serve.h"
+#include "dsec/launcher/node/NodeAgent.h"
+#include "dsec/launcher/api/Serve.h"
 #include "dsec/testing/TestSupport.h"
 
 namespace dsec::testing {

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "HttpTestClient.h"
-#include "dsec/launcher/Serve.h"
+#include "dsec/launcher/api/Serve.h"
 #include "dsec/testing/TestSupport.h"
 
 namespace dsec::testing {

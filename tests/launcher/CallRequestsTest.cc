@@ -2,8 +2,8 @@
 // kind of bad input.
 #include <gtest/gtest.h>
 
-#include "dsec/launcher/CallRequests.h"
-#include "dsec/launcher/Requests.h"
+#include "dsec/launcher/api/CallRequests.h"
+#include "dsec/launcher/api/Requests.h"
 #include "dsec/testing/TestSupport.h"
 
 namespace dsec::launcher {

@@ -9,8 +9,8 @@
 #include <cstring>
 
 #include "dsec/common/Fd.h"
-#include "dsec/launcher/ClientKey.h"
-#include "dsec/launcher/ConnectionBudget.h"
+#include "dsec/launcher/api/ClientKey.h"
+#include "dsec/launcher/api/ConnectionBudget.h"
 
 namespace dsec::launcher {
 namespace {

@@ -6,7 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "dsec/common/Strings.h"
-#include "dsec/launcher/Credentials.h"
+#include "dsec/launcher/api/Credentials.h"
 #include "dsec/testing/TestSupport.h"
 
 namespace dsec::launcher {

@@ -14,7 +14,7 @@
 
 #include "ApiFixture.h"
 #include "dsec/common/Strings.h"
-#include "dsec/launcher/NodeAgent.h"
+#include "dsec/launcher/node/NodeAgent.h"
 
 namespace dsec::testing {
 namespace {

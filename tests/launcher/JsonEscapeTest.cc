@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "dsec/launcher/JsonEscape.h"
+#include "dsec/launcher/api/JsonEscape.h"
 
 namespace dsec::launcher {
 namespace {

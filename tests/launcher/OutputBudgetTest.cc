@@ -5,7 +5,7 @@
 #include <atomic>
 #include <thread>
 
-#include "dsec/launcher/OutputBudget.h"
+#include "dsec/launcher/api/OutputBudget.h"
 
 namespace dsec::launcher {
 namespace {

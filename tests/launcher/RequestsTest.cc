@@ -1,7 +1,7 @@
 // Validation rules of the node API: every bad input is rejected with a message naming the field.
 #include <gtest/gtest.h>
 
-#include "dsec/launcher/Requests.h"
+#include "dsec/launcher/api/Requests.h"
 #include "dsec/testing/TestSupport.h"
 
 namespace dsec::launcher {

@@ -1,9 +1,9 @@
 // Routing of the node API: paths, methods (405 with Allow), ids and query strings.
 #include <gtest/gtest.h>
 
-#include "dsec/launcher/ApiServer.h"
-#include "dsec/launcher/Metrics.h"
-#include "dsec/launcher/Router.h"
+#include "dsec/launcher/api/ApiServer.h"
+#include "dsec/launcher/node/Metrics.h"
+#include "dsec/launcher/api/Router.h"
 
 namespace dsec::launcher {
 namespace {

@@ -9,10 +9,10 @@
 
 #include "ApiFixture.h"
 #include "dsec/common/Strings.h"
-#include "dsec/launcher/NodeAgent.h"
-#include "dsec/launcher/Requests.h"
-#include "dsec/launcher/Router.h"
-#include "dsec/launcher/Sessions.h"
+#include "dsec/launcher/node/NodeAgent.h"
+#include "dsec/launcher/api/Requests.h"
+#include "dsec/launcher/api/Router.h"
+#include "dsec/launcher/node/Sessions.h"
 
 namespace dsec::testing {
 namespace {

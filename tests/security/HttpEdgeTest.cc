@@ -15,9 +15,9 @@
 #include "Attacker.h"
 #include "HttpTestClient.h"
 #include "dsec/common/Strings.h"
-#include "dsec/launcher/Gateway.h"
-#include "dsec/launcher/HttpServer.h"
-#include "dsec/launcher/Serve.h"
+#include "dsec/launcher/fleet/Gateway.h"
+#include "dsec/launcher/api/HttpServer.h"
+#include "dsec/launcher/api/Serve.h"
 #include "dsec/testing/TestSupport.h"
 
 namespace dsec::testing {

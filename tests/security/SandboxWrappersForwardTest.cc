@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "dsec/backends/ForwardingSandbox.h"
-#include "dsec/launcher/NodeFncall.h"
+#include "dsec/launcher/node/NodeFncall.h"
 
 namespace dsec::testing {
 namespace {

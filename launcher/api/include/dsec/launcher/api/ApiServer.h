@@ -1,0 +1,64 @@
+// The node API (docs/api.md) on top of HttpServer: authentication, routing, validation and the mapping of
+// dsec errors to HTTP statuses. Every handler turns bad input into a 4xx JSON error; nothing a client sends
+// escapes as an exception. Buffered exec and call output is held within one node-wide budget (OutputBudget.h).
+#pragma once
+
+#include <string>
+
+#include "dsec/launcher/api/HttpServer.h"
+#include "dsec/launcher/node/Metrics.h"
+#include "dsec/launcher/node/NodeAgent.h"
+#include "dsec/launcher/api/OutputBudget.h"
+#include "dsec/launcher/api/Router.h"
+
+namespace dsec::launcher {
+
+constexpr uint64_t kJsonBodyLimit = 1 << 20;      // create and other small bodies
+constexpr uint64_t kExecBodyLimit = 64ULL << 20;  // exec carries stdin
+
+struct ApiServerOptions {
+  // The node-wide budget for buffered exec and call output (OutputBudget.h); 0: defaultOutputBudget() of the
+  // node's memory.
+  uint64_t output_budget_bytes = 0;
+  // How long an exec or call waits for answers being written to give budget back before 429.
+  double output_wait_seconds = 5;
+};
+
+class ApiServer : public RequestHandler {
+ public:
+  ApiServer(NodeAgent* agent, std::string token, const ApiServerOptions& options = {});
+  void handle(HttpExchange& ex) override;
+  void onResponse(int status) override { agent_->metrics().countHttpRequest(status); }
+  bool acceptsCredentials(std::string_view authorization) const override;
+  OutputBudget& outputBudget() { return output_budget_; }
+
+ private:
+  void dispatch(HttpExchange& ex, const RouteMatch& m);
+  bool authorized(const HttpExchange& ex) const;
+  void sendResultError(HttpExchange& ex, const Error& error);
+  // Reads a JSON object body; on failure answers (400/413) and returns nullopt.
+  std::optional<nlohmann::json> readJson(HttpExchange& ex, uint64_t limit);
+
+  void createSandbox(HttpExchange& ex);
+  void call(HttpExchange& ex);  // POST /v1/call, CallApi.cc
+  void exec(HttpExchange& ex, const std::string& id, bool stream);
+  void readFile(HttpExchange& ex, const RouteMatch& m);
+  void writeFile(HttpExchange& ex, const RouteMatch& m);
+  void getTar(HttpExchange& ex, const RouteMatch& m);
+  void putTar(HttpExchange& ex, const RouteMatch& m);
+  void putTarViaFile(HttpExchange& ex, backends::Sandbox& sandbox, const std::string& path);
+
+  void renderMetrics(std::string* out);
+  nlohmann::json nodeInfo();
+
+  NodeAgent* agent_;
+  std::string token_;
+  OutputBudget output_budget_;
+};
+
+nlohmann::json execResultToJson(const backends::ExecResult& r);
+nlohmann::json fileStatToJson(const backends::FileStat& st);
+// Splits off an incomplete UTF-8 sequence at the end of `data` (kept for the next chunk of a stream).
+size_t completeUtf8Prefix(std::string_view data);
+
+}  // namespace dsec::launcher

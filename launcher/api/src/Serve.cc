@@ -1,0 +1,169 @@
+#include "dsec/launcher/api/Serve.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <mutex>
+
+#include "dsec/common/Logging.h"
+#include "dsec/common/Strings.h"
+#include "dsec/launcher/api/ApiServer.h"
+#include "dsec/launcher/api/Credentials.h"
+#include "dsec/launcher/api/HttpServer.h"
+#include "dsec/launcher/node/Metrics.h"
+#include "dsec/launcher/node/NodeAgent.h"
+#include "dsec/launcher/node/SimulatedBackend.h"
+#include "dsec/launcher/api/StopSignals.h"
+
+namespace dsec::launcher {
+namespace {
+
+constexpr const char* kLog = "serve";
+constexpr uint64_t kMinOutputBudget = uint64_t{1} << 20;
+
+void noopSignal(int) {}
+
+// A caught (not ignored) SIGPIPE: writes to a closed pipe or socket return EPIPE instead of killing the
+// node, and, unlike SIG_IGN, the disposition resets to default in every program the backend execs.
+void installSigpipeHandler() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction sa {};
+    sa.sa_handler = noopSignal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGPIPE, &sa, nullptr);
+  });
+}
+
+Status validateNodeName(const std::string& name) {
+  if (name.empty() || name.size() > 32 ||
+      name.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789-") != std::string::npos || name[0] == '-') {
+    return Error::invalid("node name '" + name + "': use 1-32 of [a-z0-9-], not starting with '-'");
+  }
+  return okStatus();
+}
+
+class EmbeddedNodeImpl : public EmbeddedNode {
+ public:
+  explicit EmbeddedNodeImpl(const ServeOptions& options) : options_(options) {}
+  ~EmbeddedNodeImpl() override { stop(false); }
+
+  Status init() {
+    installSigpipeHandler();
+    DSEC_TRY(validateNodeName(options_.node_name));
+    if (options_.write_fleet_file) DSEC_TRY(validateFleetName(options_.fleet_name));
+    if (options_.max_sandboxes <= 0) return Error::invalid("max_sandboxes must be positive");
+    if (options_.max_connections <= 0) return Error::invalid("max_connections must be positive");
+    HttpServerOptions http_options;
+    http_options.listen = options_.listen;
+    http_options.max_connections = options_.max_connections;
+    http_options.max_client_connections = options_.max_client_connections;
+    http_options.header_timeout_seconds = options_.header_timeout_seconds;
+    http_options.body_timeout_seconds = options_.body_timeout_seconds;
+    http_options.body_min_rate = options_.body_min_rate;
+    DSEC_TRY(validateHttpServerOptions(http_options));
+    if (options_.output_budget_bytes != 0 && options_.output_budget_bytes < kMinOutputBudget) {
+      return Error::invalid("the output budget must be at least " + std::to_string(kMinOutputBudget) + " bytes");
+    }
+    if (auto st = makeDirs(options_.root, 0755); !st.ok()) return st.error().wrap("creating root " + options_.root);
+    DSEC_ASSIGN_OR_RETURN(token_, loadOrCreateToken(options_.root));
+    NodeOptions node_options;
+    node_options.root = options_.root;
+    node_options.node_name = options_.node_name;
+    node_options.fleet_name = options_.fleet_name;
+    node_options.max_sandboxes = options_.max_sandboxes;
+    node_options.cgroup_parent = options_.cgroup_parent;
+    node_options.simulate = options_.simulate;
+    node_options.fncall = options_.fncall;
+    if (options_.simulate) node_options.fncall.max_workers = 0;  // fncall workers would be real sandboxes
+    node_options.density = options_.density;
+    node_options.memory_capacity_bytes = options_.memory_capacity_bytes;
+    if (options_.simulate) node_options.density = simulatedDensityConfig(node_options.density);
+    node_options.cpu_qos = options_.cpu_qos;
+    node_options.cpu_exclusive_pool = options_.cpu_exclusive_pool;
+    node_options.user_namespaces = options_.user_namespaces;
+    DSEC_ASSIGN_OR_RETURN(agent_, NodeAgent::start(node_options, &metrics_));
+    metrics_.setGaugeRenderer([agent = agent_.get()](std::string* out) { agent->renderGauges(out); });
+    ApiServerOptions api_options;
+    api_options.output_budget_bytes = options_.output_budget_bytes;
+    api_ = std::make_unique<ApiServer>(agent_.get(), token_, api_options);
+    auto server = HttpServer::start(http_options, api_.get());
+    if (!server.ok()) {
+      agent_->shutdown(false);
+      return server.error();
+    }
+    http_ = std::move(*server);
+    if (options_.write_fleet_file) {
+      auto st = writeFleetFile(options_.fleet_name, http_->endpoint(), token_, options_.node_name, options_.root);
+      if (!st.ok()) {
+        http_->stop();
+        agent_->shutdown(false);
+        return st.error().wrap("writing the fleet file");
+      }
+    }
+    DSEC_LOG(kInfo, kLog) << "node " << options_.node_name << " of fleet " << options_.fleet_name << " serving on "
+                          << http_->endpoint() << " (root " << options_.root << ")";
+    return okStatus();
+  }
+
+  std::string endpoint() const override { return http_ ? http_->endpoint() : ""; }
+  std::string token() const override { return token_; }
+
+  void stop(bool destroy_sandboxes) override {
+    std::lock_guard lock(stop_mu_);
+    if (stopped_) return;
+    stopped_ = true;
+    std::string endpoint = this->endpoint();
+    if (http_) http_->stop();
+    if (agent_) agent_->shutdown(destroy_sandboxes);
+    metrics_.setGaugeRenderer(nullptr);
+    if (options_.write_fleet_file && !endpoint.empty()) removeFleetFileIfOurs(options_.fleet_name, endpoint);
+    DSEC_LOG(kInfo, kLog) << "node " << options_.node_name << " stopped"
+                          << (destroy_sandboxes ? " (sandboxes destroyed)" : " (sandboxes left for re-adoption)");
+  }
+
+ private:
+  ServeOptions options_;
+  Metrics metrics_;
+  std::string token_;
+  std::unique_ptr<NodeAgent> agent_;
+  std::unique_ptr<ApiServer> api_;
+  std::unique_ptr<HttpServer> http_;
+  std::mutex stop_mu_;
+  bool stopped_ = false;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<EmbeddedNode>> EmbeddedNode::start(const ServeOptions& options) {
+  // The node holds its token in memory: nothing but host root may read it through /proc or ptrace, and no core
+  // dump carries it.
+  if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0) return Error::sys(errno, "make the node process undumpable");
+  auto node = std::make_unique<EmbeddedNodeImpl>(options);
+  DSEC_TRY(node->init());
+  return std::unique_ptr<EmbeddedNode>(std::move(node));
+}
+
+Status serveUntilSignal(const ServeOptions& options) {
+  DSEC_TRY(installStopSignals());
+  auto node = EmbeddedNode::start(options);
+  if (!node.ok()) {
+    restoreStopSignals();
+    return node.error();
+  }
+  int sig = 0;
+  while (sig == 0) sig = waitForStopSignal(-1);
+  DSEC_LOG(kInfo, kLog) << "got " << strsignal(sig) << ", stopping (sandboxes keep running)";
+  // A second signal while stopping falls back to the default action, so an operator can still force it.
+  restoreStopSignals();
+  (*node)->stop(false);
+  return okStatus();
+}
+
+}  // namespace dsec::launcher

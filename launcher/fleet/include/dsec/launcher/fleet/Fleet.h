@@ -1,0 +1,115 @@
+// The fleet's wiring between processes: a small blocking HTTP/1.1 client the gateway uses to talk to node
+// agents (JSON calls and streamed forwarding of a client's request), and the registrar a node runs to
+// (re-)register itself with the gateway and heartbeat. Every wait has a timeout and an abort fd, so a node
+// that stops answering can never pin a gateway thread.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "dsec/common/Fd.h"
+#include "dsec/common/Result.h"
+#include "dsec/launcher/fleet/ConnectionPool.h"
+#include "dsec/launcher/api/HttpServer.h"
+
+namespace dsec::launcher::fleet {
+
+struct Endpoint {
+  std::string host;
+  int port = 0;
+};
+// "http://10.0.0.1:8470" -> {10.0.0.1, 8470}; "http://[::1]:1" works too.
+Result<Endpoint> parseEndpoint(const std::string& url);
+
+struct CallOptions {
+  int connect_timeout_ms = 2000;
+  int io_timeout_ms = 10000;  // per read/write inactivity
+  int abort_fd = -1;          // readable -> the call fails at once (the node was declared lost)
+  // call(): take a keep-alive connection from here and give it back after a complete answer (null: one
+  // connection per call, closed after it).
+  ConnectionPool* pool = nullptr;
+};
+
+struct HttpReply {
+  int status = 0;
+  std::string body;
+  std::vector<std::pair<std::string, std::string>> headers;  // Retry-After, Allow, Content-Type
+  // The body as JSON, or a null json if it is not JSON.
+  nlohmann::json json() const;
+};
+
+// Connects to endpoint (non-blocking connect with a timeout).
+Result<UniqueFd> connectTo(const std::string& endpoint, const CallOptions& options);
+
+// One request with a whole body and a whole reply (JSON routes). Transport failures are kUnavailable errors
+// whose message says what happened (refused, timed out, closed); an HTTP error status is a reply, not an error.
+Result<HttpReply> call(const std::string& endpoint, boost::beast::http::verb method, const std::string& target,
+                       const std::string& token, const std::string& body, const CallOptions& options);
+
+// Forwards the client's request in `ex` to the node and streams the node's answer back: bodies go through in
+// pieces (uploads, downloads, NDJSON exec output), never whole. `body` is used instead of reading `ex` when
+// the caller already read it (pre_read). Returns an error only when nothing was sent to the client yet (the
+// caller answers, e.g. 503); a failure midway ends the client's response early (the connection closes).
+// With held_back, an answer of status hold_back_status (a 429 the caller tries elsewhere) is read into it
+// (at most 1 MiB) instead of being relayed, and nothing is sent to the client.
+Status forward(HttpExchange& ex, const std::string& endpoint, const std::string& token, const CallOptions& options,
+               const std::string* pre_read_body = nullptr, int hold_back_status = 0,
+               std::optional<HttpReply>* held_back = nullptr);
+
+// A node's registration with the gateway: POST /v1/fleet/nodes every `interval` seconds with its name,
+// endpoint, capacity and backends (from its own GET /v1/node), so a restarted gateway relearns the fleet
+// within one interval. drain() tells the gateway to place nothing more here and waits until the node's
+// sandboxes are gone (or the timeout), then deregisters.
+struct RegistrarOptions {
+  std::string gateway;   // gateway endpoint
+  std::string token;     // fleet token
+  std::string name;      // node name
+  std::string endpoint;  // node API endpoint reachable from the gateway
+  double cpus = 0;       // capacity (hwloc)
+  int64_t memory_bytes = 0;
+  double interval_seconds = 1.0;
+};
+
+class NodeRegistrar {
+ public:
+  explicit NodeRegistrar(RegistrarOptions options);
+  ~NodeRegistrar();
+  NodeRegistrar(const NodeRegistrar&) = delete;
+  NodeRegistrar& operator=(const NodeRegistrar&) = delete;
+
+  void start();
+  // One registration now (also what the background thread does). The gateway's answer says whether the node
+  // is draining (an operator drained it).
+  Status registerOnce();
+  // Marks the node draining at the gateway and waits until it has no sandboxes or timeout_seconds passed;
+  // returns the number of sandboxes left. Stops the heartbeat.
+  int64_t drain(double timeout_seconds);
+  // Removes the node from the gateway's table (best effort) and stops the heartbeat.
+  void deregister();
+  void stop();
+  bool drainRequested() const { return drain_requested_.load(); }
+
+ private:
+  void loop();
+  nlohmann::json registration(bool draining);
+  int64_t ownSandboxCount();
+
+  RegistrarOptions options_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopping_ = false;
+  bool draining_ = false;
+  std::atomic<bool> drain_requested_{false};
+  std::atomic<bool> warned_{false};
+  std::thread thread_;
+};
+
+}  // namespace dsec::launcher::fleet

@@ -1,0 +1,156 @@
+// The fleet gateway (rank 0 of dsec-launch, in its own process): the same HTTP API and token as a node, over
+// every node of the fleet. It holds no sandbox state of its own, so it can be restarted at any time:
+//  - nodes register (POST /v1/fleet/nodes) on start and every second; a watcher probes each node's
+//    GET /v1/node every probe interval and marks a node that has not answered for `lost_after` seconds lost;
+//  - creates are placed with the power-of-k ClusterPlacer (healthy, non-draining, backend, room; in-flight
+//    counted) and forwarded; a node's 429 or a connection failure places again elsewhere;
+//  - a sandbox id is "<node>-<hex>": every request naming one goes to that node in one hop, bodies streamed;
+//    a lost node's sandboxes get an immediate 503 that says so;
+//  - listings and session requests fan out to every node and are merged.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dsec/common/Fd.h"
+#include "dsec/common/Result.h"
+#include "dsec/launcher/fleet/Fleet.h"
+#include "dsec/launcher/api/HttpServer.h"
+#include "dsec/placement/ClusterPlacer.h"
+
+namespace dsec::launcher {
+
+// Sends a node's reply on to the client as it is (status, body, Content-Type and the other headers).
+void relayReply(HttpExchange& ex, const fleet::HttpReply& reply);
+
+struct GatewayOptions {
+  std::string fleet_name = "default";
+  std::string token;
+  double probe_interval_seconds = 1.0;
+  double probe_timeout_seconds = 1.0;
+  double lost_after_seconds = 3.0;  // no answer (probe or registration) for this long -> lost
+  int connect_timeout_ms = 2000;
+  int io_timeout_ms = 3600 * 1000;  // forwarded requests (exec can run long; lost nodes abort them anyway)
+  int max_place_attempts = 3;
+  int placement_k = 2;
+  uint64_t seed = 0;
+  double cpu_overcommit = 8.0;  // rollout sandboxes are mostly idle
+  double memory_overcommit = 1.0;
+  // Keep-alive connections to the nodes for creates, probes and fan-out (false: one connection per call, as
+  // before the pool; `dsec bench gateway --no-pool` compares).
+  bool pool_connections = true;
+};
+
+enum class NodeState { kHealthy, kLost, kDraining };
+const char* nodeStateName(NodeState state);
+
+struct FleetNodeSpec {
+  std::string name;
+  std::string endpoint;
+  double cpus = 0;
+  int64_t memory_bytes = 0;
+  std::vector<std::string> backends = {"container"};
+  bool draining = false;
+  // The node's books as it reports them with each registration (-1: not reported).
+  double committed_cpus = -1;
+  int64_t committed_memory = -1;
+  int64_t sandboxes = -1;
+};
+// Parses a registration body ({"name","endpoint","capacity":{"cpus","memory_bytes"},"backends","draining"}).
+Result<FleetNodeSpec> parseNodeSpec(const nlohmann::json& body);
+// The node a sandbox id names ("n2-3fa9..." -> "n2"), "" when the id has no node prefix.
+std::string nodeOfSandboxId(const std::string& id);
+
+class Gateway : public RequestHandler {
+ public:
+  explicit Gateway(GatewayOptions options);
+  ~Gateway() override;
+  Gateway(const Gateway&) = delete;
+  Gateway& operator=(const Gateway&) = delete;
+
+  // Starts the watcher thread. Nodes come from registrations (and seed() before start).
+  void start();
+  void stop();
+
+  // Adds or refreshes a node (a registration); a lost node that registers is healthy again.
+  Status registerNode(const FleetNodeSpec& spec, bool from_seed = false);
+  Status drainNode(const std::string& name, bool draining);
+  Status removeNode(const std::string& name);
+  nlohmann::json nodesJson();
+  // One watcher round now (tests).
+  void probeAll();
+
+  void handle(HttpExchange& ex) override;
+  bool acceptsCredentials(std::string_view authorization) const override;
+
+ private:
+  struct Node {
+    FleetNodeSpec spec;
+    placement::NodeId id = -1;
+    NodeState state = NodeState::kHealthy;
+    bool operator_drain = false;
+    double last_seen = 0;  // monotonic
+    double cpus_per_sandbox = 1.0;
+    double reported_cpus = -1;  // committed CPUs from the last registration
+    int64_t sandboxes = 0;
+    int64_t memory_committed = 0;
+    int free_dedicated_cores = -1;  // for latency sandboxes, from /v1/node "qos" (-1 = not reported)
+    int consecutive_failures = 0;
+    std::shared_ptr<UniqueFd> abort_fd;  // eventfd, written when the node is declared lost
+  };
+  struct NodeRef {
+    std::string name, endpoint;
+    NodeState state;
+    double last_seen;
+    std::shared_ptr<UniqueFd> abort_fd;
+  };
+
+  bool authorized(const HttpExchange& ex) const;
+  void watchLoop();
+  void markSeen(Node& node, const nlohmann::json* info);
+  void markLost(Node& node, const std::string& why);
+  std::optional<NodeRef> nodeRef(const std::string& name);
+  std::vector<NodeRef> liveNodes();
+  fleet::CallOptions callOptions(const NodeRef& node, int io_timeout_ms) const;
+  void sendLost(HttpExchange& ex, const NodeRef& node, const std::string& sandbox_id);
+  void sendNodeError(HttpExchange& ex, const Error& error, const std::string& node, const std::string& sandbox_id);
+  std::optional<nlohmann::json> readJson(HttpExchange& ex, uint64_t limit);
+
+  void handleFleet(HttpExchange& ex, const std::vector<std::string>& segs);
+  void createSandbox(HttpExchange& ex);
+  void forwardToSandbox(HttpExchange& ex, const std::string& sandbox_id);
+  void listSandboxes(HttpExchange& ex);
+  void handleSessions(HttpExchange& ex, const std::vector<std::string>& segs);
+  void fleetNodeInfo(HttpExchange& ex);
+  void forwardToAny(HttpExchange& ex);
+  // POST /v1/call to a live node offering fncall, round robin, another node on 429 (GatewayCall.cc).
+  void forwardCall(HttpExchange& ex);
+  // Sends the same request to every live node in parallel; (node, reply-or-error) per node.
+  std::vector<std::pair<NodeRef, Result<fleet::HttpReply>>> fanOut(boost::beast::http::verb method,
+                                                                   const std::string& target, const std::string& body);
+
+  GatewayOptions options_;
+  placement::ClusterPlacer placer_;
+  // Keep-alive connections to the nodes for JSON calls (creates, probes, fan-out): see ConnectionPool.h.
+  mutable fleet::ConnectionPool pool_;  // internally synchronised; callOptions() is const
+  double started_ = 0;
+  std::mutex mu_;
+  std::map<std::string, Node> nodes_;
+  // Session parameters seen in PUT/attach, so a create on a node that has not heard of the session yet
+  // (it joined later) can create it there first.
+  std::map<std::string, std::string> sessions_;
+  std::mutex watch_mu_;
+  std::condition_variable watch_cv_;
+  bool stopping_ = false;
+  std::thread watcher_;
+  std::atomic<uint64_t> call_next_{0};  // round robin of /v1/call
+};
+
+}  // namespace dsec::launcher

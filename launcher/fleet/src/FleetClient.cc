@@ -1,0 +1,441 @@
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <boost/asio/error.hpp>
+#include <boost/asio/write.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/http.hpp>
+#include <cstring>
+#include <limits>
+#include <optional>
+
+#include "dsec/common/Logging.h"
+#include "dsec/common/Strings.h"
+#include "dsec/launcher/fleet/Fleet.h"
+
+namespace dsec::launcher::fleet {
+namespace {
+
+namespace net = boost::asio;
+using nlohmann::json;
+constexpr const char* kLog = "fleet";
+constexpr size_t kPiece = size_t{64} * 1024;
+constexpr size_t kHeldBackLimit = size_t{1} << 20;
+
+Error transportError(const std::string& endpoint, const std::string& what, const boost::system::error_code& ec) {
+  std::string why = ec == net::error::operation_aborted ? "node declared lost" : ec.message();
+  return Error(ErrorCode::kUnavailable, what + " " + endpoint + ": " + why);
+}
+
+// Copies the headers a client needs from a node's reply.
+template <class Header>
+std::vector<std::pair<std::string, std::string>> relayedHeaders(const Header& h) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (auto field : {http::field::retry_after, http::field::allow}) {
+    auto it = h.find(field);
+    if (it != h.end()) out.emplace_back(std::string(http::to_string(field)), std::string(it->value()));
+  }
+  return out;
+}
+
+}  // namespace
+
+json HttpReply::json() const { return json::parse(body, nullptr, false); }
+
+Result<Endpoint> parseEndpoint(const std::string& url) {
+  std::string rest = url;
+  if (startsWith(rest, "http://")) rest = rest.substr(7);
+  while (!rest.empty() && rest.back() == '/') rest.pop_back();
+  Endpoint ep;
+  std::string port;
+  if (!rest.empty() && rest[0] == '[') {
+    auto close = rest.find(']');
+    if (close == std::string::npos || close + 1 >= rest.size() || rest[close + 1] != ':') {
+      return Error::invalid("endpoint '" + url + "': expected http://HOST:PORT");
+    }
+    ep.host = rest.substr(1, close - 1);
+    port = rest.substr(close + 2);
+  } else {
+    auto colon = rest.rfind(':');
+    if (colon == std::string::npos) return Error::invalid("endpoint '" + url + "': expected http://HOST:PORT");
+    ep.host = rest.substr(0, colon);
+    port = rest.substr(colon + 1);
+  }
+  if (ep.host.empty() || port.empty() || port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos) {
+    return Error::invalid("endpoint '" + url + "': expected http://HOST:PORT");
+  }
+  ep.port = std::stoi(port);
+  return ep;
+}
+
+namespace {
+
+// A numeric address (every endpoint the fleet hands around is one) without getaddrinfo: no resolver, no
+// /etc files read on the gateway's hot path. Host names still go through getaddrinfo.
+bool numericAddress(const Endpoint& ep, struct sockaddr_storage* ss, socklen_t* len) {
+  std::memset(ss, 0, sizeof(*ss));
+  auto* sin = reinterpret_cast<struct sockaddr_in*>(ss);
+  if (::inet_pton(AF_INET, ep.host.c_str(), &sin->sin_addr) == 1) {
+    sin->sin_family = AF_INET;
+    sin->sin_port = htons(static_cast<uint16_t>(ep.port));
+    *len = sizeof(*sin);
+    return true;
+  }
+  auto* sin6 = reinterpret_cast<struct sockaddr_in6*>(ss);
+  if (::inet_pton(AF_INET6, ep.host.c_str(), &sin6->sin6_addr) == 1) {
+    sin6->sin6_family = AF_INET6;
+    sin6->sin6_port = htons(static_cast<uint16_t>(ep.port));
+    *len = sizeof(*sin6);
+    return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+Result<UniqueFd> connectTo(const std::string& endpoint, const CallOptions& options) {
+  DSEC_ASSIGN_OR_RETURN(auto ep, parseEndpoint(endpoint));
+  struct sockaddr_storage ss {};
+  socklen_t ss_len = 0;
+  if (!numericAddress(ep, &ss, &ss_len)) {
+    struct addrinfo hints {};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_NUMERICSERV;
+    struct addrinfo* res = nullptr;
+    std::string port = std::to_string(ep.port);
+    int gai = ::getaddrinfo(ep.host.c_str(), port.c_str(), &hints, &res);
+    if (gai != 0) return Error(ErrorCode::kUnavailable, "resolving " + endpoint + ": " + gai_strerror(gai));
+    std::unique_ptr<struct addrinfo, decltype(&::freeaddrinfo)> guard(res, ::freeaddrinfo);
+    std::memcpy(&ss, res->ai_addr, res->ai_addrlen);
+    ss_len = res->ai_addrlen;
+  }
+  UniqueFd fd(::socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (!fd) return Error::sys(errno, "socket");
+  if (::connect(fd.get(), reinterpret_cast<struct sockaddr*>(&ss), ss_len) != 0) {
+    if (errno != EINPROGRESS)
+      return Error(ErrorCode::kUnavailable, "connecting to " + endpoint + ": " + strerror(errno));
+    struct pollfd fds[2] = {{fd.get(), POLLOUT, 0}, {options.abort_fd, POLLIN, 0}};
+    int n;
+    do {
+      n = ::poll(fds, options.abort_fd >= 0 ? 2 : 1, options.connect_timeout_ms);
+    } while (n < 0 && errno == EINTR);
+    if (n == 0) {
+      return Error(ErrorCode::kUnavailable, "connecting to " + endpoint + ": timed out after " +
+                                                std::to_string(options.connect_timeout_ms) + " ms");
+    }
+    if (options.abort_fd >= 0 && (fds[1].revents & POLLIN)) {
+      return Error(ErrorCode::kUnavailable, "connecting to " + endpoint + ": node declared lost");
+    }
+    int err = 0;
+    socklen_t len = sizeof(err);
+    ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);
+    if (err != 0) return Error(ErrorCode::kUnavailable, "connecting to " + endpoint + ": " + strerror(err));
+  }
+  int one = 1;
+  ::setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  return fd;
+}
+
+Result<HttpReply> call(const std::string& endpoint, http::verb method, const std::string& target,
+                       const std::string& token, const std::string& body, const CallOptions& options) {
+  DSEC_ASSIGN_OR_RETURN(auto ep, parseEndpoint(endpoint));
+  http::request<http::string_body> req{method, target, 11};
+  req.set(http::field::host, ep.host + ":" + std::to_string(ep.port));
+  if (!token.empty()) req.set(http::field::authorization, "Bearer " + token);
+  req.keep_alive(options.pool != nullptr);
+  if (!body.empty() || method == http::verb::post || method == http::verb::put) {
+    req.set(http::field::content_type, "application/json");
+    req.body() = body;
+  }
+  req.prepare_payload();
+  // A pooled connection the node closed meanwhile (restart, idle timeout) fails before any byte of an answer:
+  // then, and only then, the request goes once more on a new connection. A node that got the request
+  // answers it on the connection it came on, so nothing is ever sent twice to a live node.
+  for (int attempt = 0;; ++attempt) {
+    UniqueFd fd;
+    bool reused = false;
+    if (options.pool != nullptr && attempt == 0) {
+      fd = options.pool->take(endpoint);
+      reused = fd.valid();
+    }
+    if (!fd) {
+      DSEC_ASSIGN_OR_RETURN(fd, connectTo(endpoint, options));
+    }
+    SocketStream stream(fd.get(), options.abort_fd, options.io_timeout_ms);
+    boost::system::error_code ec;
+    http::write(stream, req, ec);
+    if (ec) {
+      if (reused && ec != net::error::operation_aborted && ec != net::error::timed_out) continue;
+      return transportError(endpoint, "sending to", ec);
+    }
+    boost::beast::flat_buffer buffer;
+    http::response_parser<http::string_body> parser;
+    parser.body_limit(64ULL << 20);
+    http::read(stream, buffer, parser, ec);
+    if (ec) {
+      if (reused && !parser.got_some() && buffer.size() == 0 && ec != net::error::operation_aborted &&
+          ec != net::error::timed_out) {
+        continue;
+      }
+      return transportError(endpoint, "reading the answer of", ec);
+    }
+    HttpReply reply;
+    auto& res = parser.get();
+    reply.status = static_cast<int>(res.result_int());
+    bool keep = options.pool != nullptr && res.keep_alive() && buffer.size() == 0;
+    reply.body = std::move(res.body());
+    reply.headers = relayedHeaders(res.base());
+    if (auto it = res.find(http::field::content_type); it != res.end()) {
+      reply.headers.emplace_back("Content-Type", std::string(it->value()));
+    }
+    if (keep) options.pool->give(endpoint, std::move(fd));
+    return reply;
+  }
+}
+
+Status forward(HttpExchange& ex, const std::string& endpoint, const std::string& token, const CallOptions& options,
+               const std::string* pre_read_body, int hold_back_status, std::optional<HttpReply>* held_back) {
+  DSEC_ASSIGN_OR_RETURN(auto fd, connectTo(endpoint, options));
+  DSEC_ASSIGN_OR_RETURN(auto ep, parseEndpoint(endpoint));
+  SocketStream stream(fd.get(), options.abort_fd, options.io_timeout_ms);
+  boost::system::error_code ec;
+
+  // The request: the client's method, target and content type; the fleet token; the body as it comes.
+  http::request<http::empty_body> req{ex.method(), std::string(ex.target()), 11};
+  req.set(http::field::host, ep.host + ":" + std::to_string(ep.port));
+  if (!token.empty()) req.set(http::field::authorization, "Bearer " + token);
+  if (auto it = ex.head().find(http::field::content_type); it != ex.head().end()) {
+    req.set(http::field::content_type, it->value());
+  }
+  req.keep_alive(false);
+  bool stream_body = pre_read_body == nullptr && ex.hasBody();
+  bool chunked_up = false;
+  if (pre_read_body) {
+    req.content_length(pre_read_body->size());
+  } else if (stream_body) {
+    if (auto cl = ex.contentLength()) {
+      req.content_length(*cl);
+    } else {
+      req.chunked(true);
+      chunked_up = true;
+    }
+  }
+  http::request_serializer<http::empty_body> sr{req};
+  http::write_header(stream, sr, ec);
+  if (ec) return transportError(endpoint, "sending to", ec);
+  bool upstream_write_failed = false;
+  if (pre_read_body && !pre_read_body->empty()) {
+    net::write(stream, net::buffer(*pre_read_body), ec);
+    if (ec) upstream_write_failed = true;
+  } else if (stream_body) {
+    auto st = ex.readBodyStream([&](const char* data, size_t size) -> Status {
+      if (upstream_write_failed) return okStatus();  // keep reading the client's body; the node answers anyway
+      if (chunked_up) {
+        net::write(stream, http::make_chunk(net::const_buffer(data, size)), ec);
+      } else {
+        net::write(stream, net::const_buffer(data, size), ec);
+      }
+      if (ec) upstream_write_failed = true;
+      return okStatus();
+    });
+    if (!st.ok()) {
+      // The client went away mid-upload: nothing to answer.
+      ex.forceClose();
+      return okStatus();
+    }
+    if (chunked_up && !upstream_write_failed) {
+      net::write(stream, http::make_chunk_last(), ec);
+      if (ec) upstream_write_failed = true;
+    }
+  }
+
+  // The answer: head first (so a node error keeps its status), then the body piece by piece as it arrives.
+  boost::beast::flat_buffer buffer;
+  http::response_parser<http::buffer_body> parser;
+  parser.body_limit(std::numeric_limits<std::uint64_t>::max());
+  http::read_header(stream, buffer, parser, ec);
+  if (ec) {
+    if (ex.bodyPending()) ex.forceClose();
+    return transportError(endpoint, upstream_write_failed ? "sending to" : "reading the answer of", ec);
+  }
+  const auto& head = parser.get().base();
+  std::string content_type = "application/octet-stream";
+  if (auto it = head.find(http::field::content_type); it != head.end()) content_type = std::string(it->value());
+  std::optional<uint64_t> length;
+  if (!parser.chunked()) {
+    if (auto cl = parser.content_length()) length = *cl;
+  }
+  if (parser.is_done()) length = 0;
+  if (held_back != nullptr && static_cast<int>(head.result_int()) == hold_back_status) {
+    // An answer the caller may try elsewhere (a 429): kept, small, and not relayed.
+    HttpReply reply;
+    reply.status = hold_back_status;
+    reply.headers = relayedHeaders(head);
+    reply.headers.emplace_back("Content-Type", content_type);
+    std::vector<char> piece(kPiece);
+    while (!parser.is_done()) {
+      parser.get().body().data = piece.data();
+      parser.get().body().size = piece.size();
+      http::read_some(stream, buffer, parser, ec);
+      if (ec == http::error::need_buffer) ec = {};
+      if (ec) return transportError(endpoint, "reading the answer of", ec);
+      reply.body.append(piece.data(), piece.size() - parser.get().body().size);
+      if (reply.body.size() > kHeldBackLimit) {
+        return Error(ErrorCode::kUnavailable, "the answer of " + endpoint + " is too large for a refusal");
+      }
+    }
+    *held_back = std::move(reply);
+    return okStatus();
+  }
+  if (!ex.beginStream(static_cast<int>(head.result_int()), content_type, length, relayedHeaders(head)))
+    return okStatus();
+  std::vector<char> piece(kPiece);
+  while (!parser.is_done()) {
+    parser.get().body().data = piece.data();
+    parser.get().body().size = piece.size();
+    http::read_some(stream, buffer, parser, ec);
+    if (ec == http::error::need_buffer) ec = {};
+    if (ec) {
+      DSEC_LOG(kWarn, kLog) << "forwarding from " << endpoint << " ended early: " << ec.message();
+      ex.forceClose();  // the client sees a truncated transfer, not a short success
+      return okStatus();
+    }
+    size_t n = piece.size() - parser.get().body().size;
+    if (n > 0 && !ex.writeStream(piece.data(), n)) return okStatus();  // client gone
+  }
+  ex.endStream();
+  return okStatus();
+}
+
+// ---- NodeRegistrar -------------------------------------------------------------------------------------
+
+NodeRegistrar::NodeRegistrar(RegistrarOptions options) : options_(std::move(options)) {}
+
+NodeRegistrar::~NodeRegistrar() { stop(); }
+
+void NodeRegistrar::start() {
+  std::lock_guard lock(mu_);
+  if (thread_.joinable()) return;
+  thread_ = std::thread([this] { loop(); });
+}
+
+void NodeRegistrar::stop() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+json NodeRegistrar::registration(bool draining) {
+  json backends = json::array({"container"});
+  CallOptions o;
+  o.connect_timeout_ms = 1000;
+  o.io_timeout_ms = 2000;
+  if (auto r = call(options_.endpoint, http::verb::get, "/v1/node", options_.token, "", o);
+      r.ok() && r->status == 200) {
+    auto info = r->json();
+    if (info.is_object() && info.contains("backends")) backends = info["backends"];
+  }
+  // The node's committed CPUs and memory (its GET /v1/node has no CPU figure), so the gateway places on the
+  // node's books rather than its own guesses, also right after a gateway restart.
+  json committed = nullptr;
+  if (auto r = call(options_.endpoint, http::verb::get, "/v1/sandboxes", options_.token, "", o);
+      r.ok() && r->status == 200) {
+    auto list = r->json();
+    if (list.is_object() && list.contains("sandboxes")) {
+      double cpus = 0;
+      int64_t memory = 0, count = 0;
+      for (const auto& s : list["sandboxes"]) {
+        if (s.contains("cpus") && s["cpus"].is_number()) cpus += s["cpus"].get<double>();
+        if (s.contains("memory") && s["memory"].is_number()) memory += s["memory"].get<int64_t>();
+        ++count;
+      }
+      committed = json{{"cpus", cpus}, {"memory_bytes", memory}, {"sandboxes", count}};
+    }
+  }
+  return json{
+      {"name", options_.name},         {"committed", committed},
+      {"endpoint", options_.endpoint}, {"capacity", {{"cpus", options_.cpus}, {"memory_bytes", options_.memory_bytes}}},
+      {"backends", backends},          {"draining", draining}};
+}
+
+Status NodeRegistrar::registerOnce() {
+  bool draining;
+  {
+    std::lock_guard lock(mu_);
+    draining = draining_;
+  }
+  CallOptions o;
+  o.connect_timeout_ms = 1000;
+  o.io_timeout_ms = 3000;
+  DSEC_ASSIGN_OR_RETURN(auto reply, call(options_.gateway, http::verb::post, "/v1/fleet/nodes", options_.token,
+                                         registration(draining).dump(), o));
+  if (reply.status != 200 && reply.status != 201) {
+    return Error(ErrorCode::kUnavailable, "gateway " + options_.gateway + " refused the registration (" +
+                                              std::to_string(reply.status) + "): " + reply.body);
+  }
+  auto answer = reply.json();
+  if (answer.is_object() && answer.value("state", "") == "draining") drain_requested_.store(true);
+  return okStatus();
+}
+
+void NodeRegistrar::loop() {
+  for (;;) {
+    auto st = registerOnce();
+    if (!st.ok()) {
+      // Expected while the gateway restarts: say it once per outage, not every second.
+      if (!warned_.exchange(true))
+        DSEC_LOG(kWarn, kLog) << "registering " << options_.name << ": " << st.error().message();
+    } else if (warned_.exchange(false)) {
+      DSEC_LOG(kInfo, kLog) << "node " << options_.name << " registered with " << options_.gateway << " again";
+    }
+    std::unique_lock lock(mu_);
+    if (cv_.wait_for(lock, std::chrono::duration<double>(options_.interval_seconds), [this] { return stopping_; })) {
+      return;
+    }
+  }
+}
+
+int64_t NodeRegistrar::ownSandboxCount() {
+  CallOptions o;
+  o.connect_timeout_ms = 1000;
+  o.io_timeout_ms = 2000;
+  auto r = call(options_.endpoint, http::verb::get, "/v1/node", options_.token, "", o);
+  if (!r.ok() || r->status != 200) return -1;
+  auto info = r->json();
+  return info.is_object() ? info.value("sandboxes", int64_t{-1}) : -1;
+}
+
+int64_t NodeRegistrar::drain(double timeout_seconds) {
+  {
+    std::lock_guard lock(mu_);
+    draining_ = true;
+  }
+  (void)registerOnce();  // tells the gateway at once
+  double end = monotonicSeconds() + timeout_seconds;
+  int64_t left = ownSandboxCount();
+  while (left != 0 && monotonicSeconds() < end) {
+    ::usleep(200 * 1000);
+    left = ownSandboxCount();
+  }
+  return left;
+}
+
+void NodeRegistrar::deregister() {
+  stop();
+  CallOptions o;
+  o.connect_timeout_ms = 1000;
+  o.io_timeout_ms = 2000;
+  (void)call(options_.gateway, http::verb::delete_, "/v1/fleet/nodes/" + options_.name, options_.token, "", o);
+}
+
+}  // namespace dsec::launcher::fleet

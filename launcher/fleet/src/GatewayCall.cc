@@ -1,0 +1,75 @@
+// POST /v1/call through the gateway: calls are stateless, so any live node that offers fncall can run one.
+// Nodes are taken round robin; a node that answers 429 (no warm worker in time) or does not answer is skipped
+// for the next, and only when every node refused does the client get the (last) capacity error.
+#include <algorithm>
+
+#include "dsec/common/Logging.h"
+#include "dsec/launcher/fleet/Gateway.h"
+
+namespace dsec::launcher {
+namespace {
+
+using nlohmann::json;
+namespace http = boost::beast::http;
+constexpr const char* kLog = "gateway";
+constexpr uint64_t kCallBodyLimit = 64ULL << 20;  // as the node's (CallRequests.h)
+constexpr int kCallIoTimeoutMs = 900 * 1000;      // the longest call (600 s) plus time to queue and reply
+
+}  // namespace
+
+void Gateway::forwardCall(HttpExchange& ex) {
+  if (ex.method() != http::verb::post) {
+    ex.discardBody(1 << 20);
+    return ex.sendError(405, "invalid_request", "method not allowed on /v1/call (allowed: POST)", {{"Allow", "POST"}});
+  }
+  bool too_large = false;
+  auto body = ex.readBody(kCallBodyLimit, &too_large);
+  if (!body.ok()) {
+    return ex.sendError(too_large ? 413 : 400, too_large ? "too_large" : "invalid_request", body.error().message());
+  }
+  std::vector<NodeRef> nodes;
+  size_t live = 0;
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& [name, n] : nodes_) {
+      if (n.state == NodeState::kLost) continue;
+      ++live;
+      bool offers = std::find(n.spec.backends.begin(), n.spec.backends.end(), "fncall") != n.spec.backends.end();
+      if (offers && n.state == NodeState::kHealthy) {
+        nodes.push_back(NodeRef{n.spec.name, n.spec.endpoint, n.state, n.last_seen, n.abort_fd});
+      }
+    }
+  }
+  if (nodes.empty()) {
+    if (live == 0) return ex.sendError(503, "unavailable", "no live node in fleet " + options_.fleet_name);
+    return ex.sendError(501, "unsupported",
+                        "no healthy node of fleet " + options_.fleet_name + " offers fncall (see GET /v1/node)");
+  }
+  size_t first = static_cast<size_t>(call_next_.fetch_add(1, std::memory_order_relaxed) % nodes.size());
+  std::optional<fleet::HttpReply> refusal;
+  std::string failures;
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    const NodeRef& node = nodes[(first + i) % nodes.size()];
+    // The node's answer goes to the client as it arrives (a call's output can be tens of MiB once escaped):
+    // the gateway never holds it whole. Only a 429 is held back, to try the next node.
+    std::optional<fleet::HttpReply> refused;
+    auto st =
+        fleet::forward(ex, node.endpoint, options_.token, callOptions(node, kCallIoTimeoutMs), &*body, 429, &refused);
+    if (!st.ok()) {
+      DSEC_LOG(kWarn, kLog) << "call on " << node.name << " failed, trying another node: " << st.error().message();
+      failures += (failures.empty() ? "" : "; ") + node.name + ": " + st.error().message();
+      watch_cv_.notify_all();  // probe now rather than at the next tick
+      continue;
+    }
+    if (refused) {
+      refusal = std::move(*refused);
+      continue;
+    }
+    return;  // relayed (or the client went away meanwhile)
+  }
+  if (refusal) return relayReply(ex, *refusal);
+  ex.sendError(503, "unavailable", "no node of fleet " + options_.fleet_name + " answered the call (" + failures + ")",
+               {{"Retry-After", "1"}}, json{{"retry_after", 1}});
+}
+
+}  // namespace dsec::launcher

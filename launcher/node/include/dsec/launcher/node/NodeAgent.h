@@ -1,0 +1,195 @@
+// The node agent: owns the layer store and mounter, the container backend and the registry of live
+// sandboxes. It validates admission, creates and destroys sandboxes, persists each sandbox's state under
+// <root>/state/sandboxes/<id>.json (so a restarted agent re-adopts it), and enforces absolute and idle
+// timeouts from a reaper thread. It also holds the node's sessions (Sessions.h): the reaper pauses the
+// sandboxes of a session whose lease lapsed and destroys them once its retention has passed.
+//
+// Locking: `mu_` guards only the registry map and the admission count; it is never held across a backend
+// call, so concurrent creates run their slow parts in parallel. Each sandbox has its own mutex that
+// serialises state changes (pause, resume, destroy, transparent resume); execs and file operations hold a
+// lease (an activity count) instead, so many can run at once on one sandbox.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dsec/backends/Sandbox.h"
+#include "dsec/common/Result.h"
+#include "dsec/fs3/LayerMounter.h"
+#include "dsec/fs3/LayerStore.h"
+#include "dsec/launcher/node/Metrics.h"
+#include "dsec/launcher/node/NodeFncall.h"
+#include "dsec/launcher/node/CreateParams.h"
+#include "dsec/launcher/node/Sessions.h"
+#include "dsec/placement/DensityController.h"
+
+namespace dsec::launcher {
+
+struct NodeOptions {
+  std::string root;
+  std::string node_name = "n0";
+  std::string fleet_name = "default";
+  int64_t max_sandboxes = 4096;
+  double reaper_interval_seconds = 1.0;
+  std::string cgroup_parent;  // empty: cgroupParentForRoot(root)
+  // A simulated node (SimulatedBackend.h): sandboxes hold no processes; creates are validated and admitted
+  // as on a real node but check no image, mount no layers and write no state files (docs/fleet.md).
+  bool simulate = false;
+  FncallOptions fncall;  // the fncall backend (NodeFncall.h)
+  // The density controller (docs/density.md): density.overcommit = false is static limits (ratio 1.0).
+  placement::DensityConfig density;
+  int64_t memory_capacity_bytes = 0;  // 0: physical memory; else what admission and the controller count
+  double density_interval_seconds = 1.0;
+  // CPU QoS (docs/qos.md, CpuAllocator.h): false makes every sandbox plain (no SCHED_IDLE, no cpusets);
+  // cpu_exclusive_pool moves batch sandboxes off the cores dedicated to latency ones.
+  bool cpu_qos = true;
+  bool cpu_exclusive_pool = true;
+  // Every sandbox in a user namespace of its own (docs/security.md). false is an operator's explicit opt-out for
+  // kernels without user namespaces or idmapped mounts: sandbox root is then host root; logged and shown in
+  // /v1/node and `dsec doctor`.
+  bool user_namespaces = true;
+};
+
+class DensityLoop;
+class CpuAllocator;
+
+// "dsec" for /var/lib/dsec, else "dsec-<8 hex of a hash of the root path>".
+std::string cgroupParentForRoot(const std::string& root);
+
+struct SandboxRecord {
+  std::string id;
+  CreateParams params;
+  double created_unix = 0;
+  std::atomic<double> last_active_unix{0};
+  std::atomic<double> last_active_mono{0};
+  std::atomic<int> active{0};  // execs and file operations in flight
+
+  std::mutex mu;  // serialises pause/resume/destroy and the transparent resume
+  bool destroyed = false;
+  // Why the sandbox is paused while it is: "user" (POST .../pause), "lease" (its session lapsed) or "density"
+  // (the density controller, under memory pressure). Under mu.
+  std::string paused_by;
+  // Declared before `sandbox` so the sandbox handle goes first when the record dies.
+  std::unique_ptr<fs3::ImageMount> mount;
+  std::unique_ptr<backends::Sandbox> sandbox;
+
+  void touch();
+};
+
+// Keeps a sandbox in use (not idle, not freed) while an exec or file operation runs.
+class SandboxLease {
+ public:
+  explicit SandboxLease(std::shared_ptr<SandboxRecord> record);
+  SandboxLease(SandboxLease&&) = default;
+  SandboxLease& operator=(SandboxLease&&) = delete;
+  SandboxLease(const SandboxLease&) = delete;
+  ~SandboxLease();
+  backends::Sandbox& sandbox() const { return *record_->sandbox; }
+  const std::string& id() const { return record_->id; }
+
+ private:
+  std::shared_ptr<SandboxRecord> record_;
+};
+
+class NodeAgent {
+ public:
+  static Result<std::unique_ptr<NodeAgent>> start(const NodeOptions& options, Metrics* metrics);
+  ~NodeAgent();
+  NodeAgent(const NodeAgent&) = delete;
+  NodeAgent& operator=(const NodeAgent&) = delete;
+
+  // Stops the reaper. With destroy_sandboxes every sandbox is destroyed; otherwise they keep running and
+  // their state files stay for the next agent. Idempotent.
+  void shutdown(bool destroy_sandboxes);
+
+  Result<nlohmann::json> create(const CreateParams& params);
+  Result<nlohmann::json> info(const std::string& id);
+  nlohmann::json list(const std::map<std::string, std::string>& labels);
+  Status destroy(const std::string& id, const std::string& reason = "request");
+  Result<nlohmann::json> pause(const std::string& id);
+  Result<nlohmann::json> resume(const std::string& id);
+  // For exec and file operations: resumes a paused sandbox and counts as activity until the lease ends.
+  Result<SandboxLease> use(const std::string& id);
+
+  // Sessions (docs/api.md): PUT creates or renews, attach renews and lists the sandboxes' infos, DELETE
+  // destroys the session's sandboxes.
+  Result<nlohmann::json> putSession(const std::string& name, const SessionSettings& settings);
+  Result<nlohmann::json> getSession(const std::string& name);
+  nlohmann::json listSessions();
+  Result<nlohmann::json> attachSession(const std::string& name, std::optional<double> lease);
+  Result<nlohmann::json> deleteSession(const std::string& name);
+  SessionTable& sessions() { return *sessions_; }
+
+  nlohmann::json nodeInfo();
+  Result<nlohmann::json> layers();
+  void renderGauges(std::string* out);
+
+  const NodeOptions& options() const { return options_; }
+  Metrics& metrics() { return *metrics_; }
+  int64_t nodeMemoryBytes() const { return node_memory_bytes_; }
+  // Why the container backend cannot create sandboxes here ("" when it can).
+  const std::string& unavailableReason() const { return unavailable_reason_; }
+  std::string stateDir() const;
+  size_t sandboxCount();
+  // The fncall backend (POST /v1/call); null when unusable here, with the reason (NodeAgentFncall.cc).
+  NodeFncall* fncall() { return fncall_.get(); }
+  const std::string& fncallUnavailableReason() const { return fncall_unavailable_; }
+
+ private:
+  friend class DensityLoop;  // samples the registry, pauses/resumes with paused_by "density"
+  NodeAgent(const NodeOptions& options, Metrics* metrics);
+  void adoptAll();
+  void reaperLoop();
+  void reapExpired();
+  void reapSessions();
+  // Freezes a sandbox of a lapsed session and reclaims its memory (paused_by "lease").
+  void pauseForLease(const std::string& id, const std::string& session);
+  void loadSessions();
+  bool pausedByLease(SandboxRecord& rec);
+  void removeEmptyCgroupParent();
+  std::shared_ptr<SandboxRecord> find(const std::string& id);
+  Status persist(SandboxRecord& record);
+  std::string statePath(const std::string& id) const;
+  nlohmann::json infoLocked(SandboxRecord& record);
+
+  NodeOptions options_;
+  Metrics* metrics_;
+  int64_t node_memory_bytes_ = 0;
+  fs3::LayerStore store_;
+  std::unique_ptr<fs3::LayerMounter> mounter_;
+  std::unique_ptr<backends::Backend> backend_;
+  std::string unavailable_reason_;
+  std::string cgroup_parent_;
+  std::unique_ptr<SessionTable> sessions_;
+  // After the mounter and backend its workers use, so it goes first (NodeAgentFncall.cc).
+  void startFncall();
+  void addFncallInfo(nlohmann::json* info);
+  std::unique_ptr<NodeFncall> fncall_;
+  std::string fncall_unavailable_;
+  std::unique_ptr<DensityLoop> density_;
+  std::unique_ptr<CpuAllocator> cpu_;  // CPU QoS: dedicated cores of latency sandboxes (CpuAllocator.h)
+
+  std::mutex mu_;
+  std::map<std::string, std::shared_ptr<SandboxRecord>> sandboxes_;
+  int64_t pending_creates_ = 0;
+
+  std::mutex reaper_mu_;
+  std::condition_variable reaper_cv_;
+  bool stopping_ = false;
+  bool shut_down_ = false;
+  std::thread reaper_;
+};
+
+// Seconds since the epoch, and RFC 3339 UTC of such a time.
+double wallSeconds();
+std::string rfc3339(double unix_seconds);
+
+}  // namespace dsec::launcher

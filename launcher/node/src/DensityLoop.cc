@@ -1,0 +1,432 @@
+#include "dsec/launcher/node/DensityLoop.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "dsec/common/Logging.h"
+#include "dsec/common/Strings.h"
+#include "dsec/launcher/node/NodeAgent.h"
+
+namespace dsec::launcher {
+namespace {
+
+using nlohmann::json;
+using placement::DensityActionKind;
+
+constexpr const char* kLog = "density";
+constexpr size_t kMaxEvents = 16;       // per sandbox, newest kept
+constexpr size_t kMaxLastActions = 32;  // on /v1/node
+// Per tick, at most this many sandboxes get their cgroup stats read (round robin): 1000s of idle sandboxes
+// must not turn the loop into a file-reading storm. Idleness comes from the registry and costs nothing.
+constexpr size_t kStatsPerTick = 256;
+
+double round2(double v) { return std::round(v * 100) / 100; }
+
+}  // namespace
+
+DensityLoop::Ticket::~Ticket() {
+  if (!loop_) return;
+  std::lock_guard lock(loop_->mu_);
+  loop_->pending_memory_ -= memory_;
+  loop_->pending_cpus_ -= cpus_;
+}
+
+void DensityLoop::Ticket::commit() {
+  if (!loop_) return;
+  std::lock_guard lock(loop_->mu_);
+  loop_->pending_memory_ -= memory_;
+  loop_->pending_cpus_ -= cpus_;
+  loop_->committed_memory_ += memory_;
+  loop_->committed_cpus_ += cpus_;
+  loop_ = nullptr;
+}
+
+DensityLoop::DensityLoop(NodeAgent* agent, const placement::DensityConfig& config, int64_t memory_capacity_bytes,
+                         double interval_seconds, const std::string& cgroup_parent)
+    : agent_(agent),
+      config_(config),
+      capacity_(memory_capacity_bytes > 0 ? memory_capacity_bytes : agent->nodeMemoryBytes()),
+      capacity_overridden_(memory_capacity_bytes > 0),
+      cpus_(static_cast<double>(std::max<long>(1, sysconf(_SC_NPROCESSORS_ONLN)))),
+      interval_(interval_seconds > 0 ? interval_seconds : 1.0),
+      paths_(resolvePressurePaths(cgroup_parent)),
+      controller_(config) {
+  decision_ = controller_.current();
+  psi_source_ = paths_.memory_psi;
+}
+
+DensityLoop::~DensityLoop() { stop(); }
+
+void DensityLoop::start() {
+  tick();
+  thread_ = std::thread([this] { run(); });
+  DSEC_LOG(kInfo, kLog) << (config_.overcommit ? "overcommit under the density controller" : "static limits")
+                        << ": memory capacity " << formatBytes(capacity_) << ", " << cpus_ << " CPUs, pressure from "
+                        << psi_source_;
+}
+
+void DensityLoop::stop() {
+  {
+    std::lock_guard lock(thread_mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void DensityLoop::run() {
+  std::unique_lock lock(thread_mu_);
+  while (!stopping_) {
+    cv_.wait_for(lock, std::chrono::duration<double>(interval_));
+    if (stopping_) break;
+    lock.unlock();
+    tick();
+    lock.lock();
+  }
+}
+
+Result<DensityLoop::Ticket> DensityLoop::admit(const CreateParams& params) {
+  placement::AdmissionState st;
+  std::lock_guard lock(mu_);
+  st.memory_capacity_bytes = capacity_;
+  st.cpu_capacity = cpus_;
+  st.memory_committed_bytes = committed_memory_ + pending_memory_;
+  st.cpu_committed = committed_cpus_ + pending_cpus_;
+  std::string why = placement::checkAdmission(decision_, st, {params.memory_bytes, params.cpus});
+  if (!why.empty()) {
+    ++refusals_total_;
+    return Error(ErrorCode::kResourceExhausted, "node " + agent_->options().node_name + " cannot admit it: " + why);
+  }
+  pending_memory_ += params.memory_bytes;
+  pending_cpus_ += params.cpus;
+  return Ticket(this, params.memory_bytes, params.cpus);
+}
+
+void DensityLoop::tick() {
+  double now = monotonicSeconds();
+  std::vector<std::shared_ptr<SandboxRecord>> recs;
+  placement::NodeSample s;
+  s.t = now;
+  s.memory_capacity_bytes = capacity_;
+  s.cpu_capacity = cpus_;
+  {
+    std::lock_guard lock(agent_->mu_);
+    for (const auto& [id, rec] : agent_->sandboxes_) {
+      recs.push_back(rec);
+      s.memory_committed_bytes += rec->params.memory_bytes;
+      s.cpu_committed += rec->params.cpus;
+    }
+    // Under the registry's lock: a create inserted after this sum commits its ticket after the reset.
+    std::lock_guard loop_lock(mu_);
+    committed_memory_ = s.memory_committed_bytes;
+    committed_cpus_ = s.cpu_committed;
+  }
+  auto parent = readParentCgroupStats(paths_);
+  // Memory in use: with a configured capacity, what the sandboxes hold (their parent cgroup's working set);
+  // else the node's own view (MemTotal - MemAvailable: everything, reclaimable cache excluded).
+  if (capacity_overridden_) {
+    if (parent.ok()) s.memory_used_bytes = parent->working_set_bytes();
+  } else if (auto mi = readMemInfo(); mi.ok()) {
+    s.memory_used_bytes = mi->used_bytes();
+  }
+  if (parent.ok()) {
+    s.oom_kills = parent->oom_kills;
+    if (last_cpu_t_ >= 0 && now > last_cpu_t_ && parent->cpu_usec >= last_cpu_usec_) {
+      s.cpu_used = static_cast<double>(parent->cpu_usec - last_cpu_usec_) / 1e6 / (now - last_cpu_t_);
+    }
+    last_cpu_usec_ = parent->cpu_usec;
+    last_cpu_t_ = now;
+  }
+  // v2: the sandboxes' own PSI once their parent exists; v1/hybrid: the host's.
+  std::string mem_psi = paths_.memory_psi, cpu_psi = paths_.cpu_psi;
+  if (paths_.psi_per_cgroup && !(parent.ok() && parent->exists)) {
+    mem_psi = "/proc/pressure/memory";
+    cpu_psi = "/proc/pressure/cpu";
+  }
+  if (auto psi = readPsi(mem_psi); psi.ok()) {
+    s.psi_available = true;
+    s.memory_some_avg10 = psi->some.avg10;
+    s.memory_full_avg10 = psi->full.avg10;
+  }
+  if (auto psi = readPsi(cpu_psi); psi.ok()) s.cpu_some_avg10 = psi->some.avg10;
+
+  // The sandboxes' view: idleness from the registry, memory and OOM kills from their cgroups (round robin).
+  std::vector<placement::SandboxView> views;
+  views.reserve(recs.size());
+  std::vector<std::pair<std::string, int64_t>> ooms;  // id, kills now
+  double now_wall = wallSeconds();
+  size_t n = recs.size(), budget = std::min(n, kStatsPerTick);
+  size_t first = n ? scan_cursor_ % n : 0;
+  std::map<std::string, std::pair<int64_t, int64_t>> fresh;  // id -> memory, oom kills
+  for (size_t k = 0; k < n; ++k) {
+    auto& rec = recs[k];
+    std::unique_lock rec_lock(rec->mu, std::try_to_lock);
+    if (!rec_lock.owns_lock() || rec->destroyed || !rec->sandbox) continue;
+    placement::SandboxView v;
+    v.id = rec->id;
+    v.latency = rec->sandbox->spec().qos == backends::CpuQos::kLatency;
+    v.busy = rec->active.load() > 0;
+    v.idle_seconds = std::max(0.0, now - rec->last_active_mono.load());
+    auto state = rec->sandbox->state();
+    if (state == backends::SandboxState::kStopped) continue;
+    v.paused = state == backends::SandboxState::kPaused;
+    v.paused_by_density = v.paused && rec->paused_by == "density";
+    v.session = rec->params.session;
+    bool scan = (k + n - first) % n < budget;
+    if (scan) {
+      if (auto u = rec->sandbox->usage(); u.ok()) fresh[rec->id] = {u->memory_bytes, u->oom_kills};
+    }
+    views.push_back(std::move(v));
+  }
+  scan_cursor_ = n ? (first + budget) % n : 0;
+
+  std::vector<placement::DensityAction> actions;
+  {
+    std::lock_guard lock(mu_);
+    psi_source_ = mem_psi;
+    for (auto& v : views) {
+      auto& per = per_sandbox_[v.id];
+      auto it = fresh.find(v.id);
+      if (it != fresh.end()) {
+        per.memory_bytes = it->second.first;
+        if (it->second.second > per.oom_seen) {
+          ooms.emplace_back(v.id, it->second.second);
+          per.oom_seen = it->second.second;
+        }
+      }
+      v.memory_bytes = per.memory_bytes;
+    }
+    decision_ = controller_.step(s, views);
+    last_sample_ = s;
+    actions = decision_.actions;
+  }
+  for (const auto& [id, kills] : ooms) {
+    std::shared_ptr<SandboxRecord> rec = agent_->find(id);
+    int64_t limit = rec ? rec->params.memory_bytes : 0;
+    DSEC_LOG(kWarn, kLog) << "sandbox " << id << " had a process OOM-killed (" << kills << " in total, limit "
+                          << formatBytes(limit) << ")";
+    addEvent(id, json{{"type", "oom_kill"},
+                      {"unix", now_wall},
+                      {"time", rfc3339(now_wall)},
+                      {"oom_kills", kills},
+                      {"message",
+                       "a process was killed by the kernel's OOM killer: the sandbox reached its memory limit of " +
+                           std::to_string(limit) + " bytes"}});
+    std::lock_guard lock(mu_);
+    ++oom_events_total_;
+  }
+  std::map<std::string, std::shared_ptr<SandboxRecord>> by_id;
+  for (const auto& rec : recs) by_id[rec->id] = rec;
+  for (const auto& a : actions) {
+    auto it = by_id.find(a.sandbox_id);
+    execute(a, it == by_id.end() ? nullptr : it->second);
+  }
+}
+
+void DensityLoop::execute(const placement::DensityAction& a, const std::shared_ptr<SandboxRecord>& rec) {
+  double now_wall = wallSeconds();
+  const std::string name = placement::densityActionName(a.kind);
+  if (a.kind == DensityActionKind::kStopAdmitting || a.kind == DensityActionKind::kReopenAdmission) {
+    DSEC_LOG(kInfo, kLog) << (a.kind == DensityActionKind::kStopAdmitting ? "stopped admitting: " : "admitting again: ")
+                          << a.reason;
+    logAction(a);
+    return;
+  }
+  if (!rec) return;
+  bool done = false;
+  {
+    std::lock_guard lock(rec->mu);
+    if (rec->destroyed) return;
+    auto state = rec->sandbox->state();
+    switch (a.kind) {
+      case DensityActionKind::kReclaim:
+        if (auto st = rec->sandbox->reclaimMemory(); !st.ok()) {
+          DSEC_LOG(kDebug, kLog) << "reclaiming " << rec->id << ": " << st.error().toString();
+        }
+        done = true;
+        break;
+      case DensityActionKind::kPause:
+        // Re-checked under the record's lock: a request may have arrived since the sample.
+        if (state != backends::SandboxState::kRunning || rec->active.load() > 0) break;
+        if (auto st = rec->sandbox->pause(); !st.ok()) {
+          DSEC_LOG(kWarn, kLog) << "pausing " << rec->id << ": " << st.error().toString();
+          break;
+        }
+        rec->paused_by = "density";
+        if (auto st = agent_->persist(*rec); !st.ok()) {
+          DSEC_LOG(kWarn, kLog) << "persisting " << rec->id << ": " << st.error().toString();
+        }
+        // Frozen processes cannot touch their pages, so what the kernel pushes out now stays out until resume.
+        (void)rec->sandbox->reclaimMemory();
+        done = true;
+        break;
+      case DensityActionKind::kResume:
+        if (state != backends::SandboxState::kPaused || rec->paused_by != "density") break;
+        if (auto st = rec->sandbox->resume(); !st.ok()) {
+          DSEC_LOG(kWarn, kLog) << "resuming " << rec->id << ": " << st.error().toString();
+          break;
+        }
+        rec->paused_by.clear();
+        if (auto st = agent_->persist(*rec); !st.ok()) {
+          DSEC_LOG(kWarn, kLog) << "persisting " << rec->id << ": " << st.error().toString();
+        }
+        done = true;
+        break;
+      default:
+        break;
+    }
+  }
+  if (!done) return;
+  if (a.kind == DensityActionKind::kReclaim) {
+    DSEC_LOG(kDebug, kLog) << name << " " << rec->id << " (" << a.reason << ")";
+  } else {
+    DSEC_LOG(kInfo, kLog) << name << " " << rec->id << " (" << a.reason << ")";
+  }
+  {
+    std::lock_guard lock(mu_);
+    auto& per = per_sandbox_[rec->id];
+    if (a.kind == DensityActionKind::kReclaim) {
+      per.reclaimed_unix = now_wall;
+      ++per.reclaims;
+    } else if (a.kind == DensityActionKind::kPause) {
+      per.paused_unix = now_wall;
+      per.reclaimed_unix = now_wall;
+      ++per.pauses;
+      ++per.reclaims;
+    } else {
+      per.resumed_unix = now_wall;
+    }
+  }
+  addEvent(rec->id,
+           json{{"type", "density_" + name}, {"unix", now_wall}, {"time", rfc3339(now_wall)}, {"reason", a.reason}});
+  logAction(a);
+}
+
+void DensityLoop::logAction(const placement::DensityAction& a) {
+  double now_wall = wallSeconds();
+  std::lock_guard lock(mu_);
+  const std::string name = placement::densityActionName(a.kind);
+  ++actions_total_[name];
+  last_actions_.push_back(json{{"seq", ++action_seq_},
+                               {"action", name},
+                               {"sandbox", a.sandbox_id.empty() ? json(nullptr) : json(a.sandbox_id)},
+                               {"unix", now_wall},
+                               {"reason", a.reason}});
+  while (last_actions_.size() > kMaxLastActions) last_actions_.pop_front();
+}
+
+void DensityLoop::addEvent(const std::string& id, json event) {
+  std::lock_guard lock(mu_);
+  auto& events = per_sandbox_[id].events;
+  events.push_back(std::move(event));
+  while (events.size() > kMaxEvents) events.pop_front();
+}
+
+void DensityLoop::annotate(SandboxRecord& rec, json* info) {
+  std::lock_guard lock(mu_);
+  auto it = per_sandbox_.find(rec.id);
+  json d = {{"reclaimed_unix", nullptr}, {"reclaims", 0}, {"paused_unix", nullptr}, {"pauses", 0}};
+  json events = json::array();
+  if (it != per_sandbox_.end()) {
+    const PerSandbox& p = it->second;
+    if (p.reclaimed_unix > 0) d["reclaimed_unix"] = p.reclaimed_unix;
+    d["reclaims"] = p.reclaims;
+    if (p.paused_unix > 0) d["paused_unix"] = p.paused_unix;
+    d["pauses"] = p.pauses;
+    if (p.resumed_unix > 0) d["resumed_unix"] = p.resumed_unix;
+    for (const auto& e : p.events) events.push_back(e);
+  }
+  (*info)["density"] = std::move(d);
+  (*info)["events"] = std::move(events);
+}
+
+void DensityLoop::forget(const std::string& id) {
+  std::lock_guard lock(mu_);
+  per_sandbox_.erase(id);
+}
+
+json DensityLoop::nodeJson() {
+  std::lock_guard lock(mu_);
+  const placement::NodeSample& s = last_sample_;
+  int64_t paused = 0;
+  json actions_total = json::object();
+  for (const char* a : {"reclaim", "stop_admitting", "pause", "resume", "reopen_admission"}) {
+    auto it = actions_total_.find(a);
+    actions_total[a] = it == actions_total_.end() ? 0 : it->second;
+  }
+  paused = static_cast<int64_t>(actions_total["pause"].get<uint64_t>()) -
+           static_cast<int64_t>(actions_total["resume"].get<uint64_t>());
+  json last = json::array();
+  for (const auto& a : last_actions_) last.push_back(a);
+  return json{
+      {"mode", config_.overcommit ? "overcommit" : "static"},
+      {"memory_ratio", round2(decision_.memory_ratio)},
+      {"cpu_ratio", round2(decision_.cpu_ratio)},
+      {"admitting", decision_.admitting},
+      {"level", placement::pressureLevelName(decision_.level)},
+      {"reason", decision_.reason},
+      {"memory_capacity_bytes", capacity_},
+      {"memory_used_bytes", s.memory_used_bytes},
+      {"memory_committed_bytes", s.memory_committed_bytes},
+      {"memory_admissible_bytes", static_cast<int64_t>(decision_.memory_ratio * static_cast<double>(capacity_))},
+      {"cpus", cpus_},
+      {"cpu_committed", round2(s.cpu_committed)},
+      {"cpu_used", round2(s.cpu_used)},
+      {"pressure",
+       {{"source", psi_source_},
+        {"per_cgroup", paths_.psi_per_cgroup && psi_source_ == paths_.memory_psi},
+        {"available", s.psi_available},
+        {"memory_some_avg10", s.memory_some_avg10},
+        {"memory_full_avg10", s.memory_full_avg10},
+        {"cpu_some_avg10", s.cpu_some_avg10}}},
+      {"oom_kills", s.oom_kills},
+      {"paused_sandboxes", std::max<int64_t>(0, paused)},
+      {"refusals", refusals_total_},
+      {"actions_total", actions_total},
+      {"last_actions", last}};
+}
+
+void DensityLoop::renderMetrics(std::string* out) {
+  std::lock_guard lock(mu_);
+  const placement::NodeSample& s = last_sample_;
+  auto gauge = [out](const char* name, const char* help, const std::string& value) {
+    *out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " gauge\n" + name + " " + value + "\n";
+  };
+  auto num = [](double v) {
+    char buf[64];
+    std::snprintf(buf, sizeof(buf), "%.6g", v);
+    return std::string(buf);
+  };
+  gauge("dsec_density_memory_ratio", "Memory overcommit ratio admission uses (committed <= ratio x capacity).",
+        num(decision_.memory_ratio));
+  gauge("dsec_density_cpu_ratio", "CPU overcommit ratio admission uses.", num(decision_.cpu_ratio));
+  gauge("dsec_density_admitting", "1 while the node admits new sandboxes, 0 while pressure holds admission closed.",
+        decision_.admitting ? "1" : "0");
+  gauge("dsec_density_level", "Pressure level: 0 calm, 1 reclaim, 2 stop admitting, 3 pause.",
+        std::to_string(static_cast<int>(decision_.level)));
+  gauge("dsec_density_memory_capacity_bytes", "Memory capacity admission counts against.", std::to_string(capacity_));
+  gauge("dsec_density_memory_used_bytes", "Memory in use the controller judges (working set).",
+        std::to_string(s.memory_used_bytes));
+  *out += "# HELP dsec_density_psi Pressure stall information, avg10 percent.\n# TYPE dsec_density_psi gauge\n";
+  *out += "dsec_density_psi{resource=\"memory\",kind=\"some\"} " + num(s.memory_some_avg10) + "\n";
+  *out += "dsec_density_psi{resource=\"memory\",kind=\"full\"} " + num(s.memory_full_avg10) + "\n";
+  *out += "dsec_density_psi{resource=\"cpu\",kind=\"some\"} " + num(s.cpu_some_avg10) + "\n";
+  *out += "# HELP dsec_density_actions_total Actions the density controller took.\n";
+  *out += "# TYPE dsec_density_actions_total counter\n";
+  for (const char* a : {"reclaim", "stop_admitting", "pause", "resume", "reopen_admission"}) {
+    auto it = actions_total_.find(a);
+    *out += std::string("dsec_density_actions_total{action=\"") + a + "\"} " +
+            std::to_string(it == actions_total_.end() ? 0 : it->second) + "\n";
+  }
+  *out += "# HELP dsec_density_refusals_total Creates refused by admission (429 capacity).\n";
+  *out += "# TYPE dsec_density_refusals_total counter\ndsec_density_refusals_total " + std::to_string(refusals_total_) +
+          "\n";
+  *out += "# HELP dsec_sandbox_oom_events_total OOM kills seen inside sandboxes (reported in their info).\n";
+  *out += "# TYPE dsec_sandbox_oom_events_total counter\ndsec_sandbox_oom_events_total " +
+          std::to_string(oom_events_total_) + "\n";
+}
+
+}  // namespace dsec::launcher

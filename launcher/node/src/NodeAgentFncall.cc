@@ -1,0 +1,36 @@
+// The node agent's part of the fncall backend: starting it over the agent's layer store, mounter and container
+// backend, and what /v1/node says about it. Kept apart from NodeAgent.cc, which only calls in here.
+#include "dsec/common/Logging.h"
+#include "dsec/launcher/node/NodeAgent.h"
+
+namespace dsec::launcher {
+
+void NodeAgent::startFncall() {
+  if (options_.simulate) {
+    fncall_unavailable_ = "a simulated node runs no processes";
+    return;
+  }
+  if (!backend_ || !unavailable_reason_.empty()) {
+    fncall_unavailable_ = unavailable_reason_.empty() ? "no container backend" : unavailable_reason_;
+    return;
+  }
+  auto service = NodeFncall::start(options_.fncall, options_.node_name, &store_, mounter_.get(), backend_.get());
+  if (!service.ok()) {
+    fncall_unavailable_ = service.error().message();
+    DSEC_LOG(kWarn, "fncall") << "fncall unavailable: " << fncall_unavailable_ << " (calls will get 501)";
+    return;
+  }
+  fncall_ = std::move(*service);
+}
+
+void NodeAgent::addFncallInfo(nlohmann::json* info) {
+  nlohmann::json& j = *info;
+  if (fncall_) {
+    j["backends"].push_back("fncall");
+    j["fncall"] = fncall_->stats();
+  } else {
+    j["unavailable_backends"]["fncall"] = fncall_unavailable_.empty() ? "not started" : fncall_unavailable_;
+  }
+}
+
+}  // namespace dsec::launcher

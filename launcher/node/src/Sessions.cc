@@ -1,0 +1,325 @@
+#include "dsec/launcher/node/Sessions.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "dsec/common/Directory.h"
+#include "dsec/common/Logging.h"
+#include "dsec/common/Strings.h"
+
+namespace dsec::launcher {
+namespace {
+
+using nlohmann::json;
+constexpr const char* kLog = "session";
+
+bool nameChar(char c, bool first) {
+  bool alnum = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
+  return alnum || (!first && (c == '.' || c == '_' || c == '-'));
+}
+
+Result<double> secondsField(const json& v, const std::string& field, double min, double max) {
+  if (!v.is_number()) return Error::invalid("field '" + field + "': expected a number of seconds, got " + v.dump());
+  double d = v.get<double>();
+  if (!std::isfinite(d) || d < min || d > max) {
+    char buf[128];
+    std::snprintf(buf, sizeof(buf), "must be between %g and %g seconds, got ", min, max);
+    return Error::invalid("field '" + field + "': " + buf + v.dump());
+  }
+  return d;
+}
+
+Result<Session> sessionFromJson(const json& j) {
+  Session s;
+  try {
+    s.name = j.at("name").get<std::string>();
+    s.lease = j.at("lease").get<double>();
+    s.retention = j.at("retention").get<double>();
+    s.expires_unix = j.at("expires_unix").get<double>();
+    if (j.contains("lapsed_unix") && !j["lapsed_unix"].is_null()) s.lapsed_unix = j["lapsed_unix"].get<double>();
+    for (const auto& id : j.value("sandboxes", json::array())) s.sandboxes.insert(id.get<std::string>());
+  } catch (const json::exception& e) {
+    return Error::invalid(std::string("bad session file: ") + e.what());
+  }
+  DSEC_TRY(validateSessionName(s.name));
+  return s;
+}
+
+}  // namespace
+
+Status validateSessionName(std::string_view name) {
+  bool ok = !name.empty() && name.size() <= 64;
+  for (size_t i = 0; ok && i < name.size(); ++i) ok = nameChar(name[i], i == 0);
+  if (!ok) {
+    std::string shown(name.substr(0, 80));
+    for (char& c : shown) {
+      if (static_cast<unsigned char>(c) < 0x20) c = '?';
+    }
+    return Error::invalid("invalid session name '" + shown +
+                          "': it must match [A-Za-z0-9][A-Za-z0-9._-]{0,63} (1 to 64 characters)");
+  }
+  return okStatus();
+}
+
+Result<SessionSettings> parseSessionSettings(const json& body, bool allow_retention) {
+  if (!body.is_object()) return Error::invalid("request body must be a JSON object");
+  SessionSettings s;
+  for (const auto& [key, value] : body.items()) {
+    if (key == "lease") {
+      DSEC_ASSIGN_OR_RETURN(s.lease, secondsField(value, "lease", kMinSessionLease, kMaxSessionLease));
+    } else if (key == "retention" && allow_retention) {
+      DSEC_ASSIGN_OR_RETURN(s.retention, secondsField(value, "retention", 0, kMaxSessionRetention));
+    } else {
+      return Error::invalid("unknown field '" + key + "'" + (allow_retention ? "" : " (attach takes only 'lease')"));
+    }
+  }
+  return s;
+}
+
+json Session::toJson() const {
+  json ids = json::array();
+  for (const auto& id : sandboxes) ids.push_back(id);
+  return json{{"name", name},
+              {"lease", lease},
+              {"retention", retention},
+              {"state", lapsed() ? "lapsed" : "active"},
+              {"expires_unix", expires_unix},
+              {"lapsed_unix", lapsed_unix ? json(*lapsed_unix) : json(nullptr)},
+              {"sandboxes", ids}};
+}
+
+Result<std::vector<std::string>> listStateFiles(const std::string& dir_path) {
+  DSEC_ASSIGN_OR_RETURN(auto entries, listDirectory(dir_path));
+  std::vector<std::string> files;
+  for (auto& e : entries) {
+    if (e.name.find(".tmp-") != std::string::npos) {
+      ::unlink((dir_path + "/" + e.name).c_str());  // a write cut short by a crash
+    } else if (e.name.size() > 5 && e.name.compare(e.name.size() - 5, 5, ".json") == 0) {
+      files.push_back(std::move(e.name));
+    }
+  }
+  return files;
+}
+
+SessionTable::SessionTable(std::string dir) : dir_(std::move(dir)) {}
+
+Status SessionTable::load() {
+  if (auto made = makeDirs(dir_, 0700); !made.ok()) return made.error().wrap("creating the session directory");
+  DSEC_ASSIGN_OR_RETURN(std::vector<std::string> files, listStateFiles(dir_));
+  std::lock_guard lock(mu_);
+  for (const auto& file : files) {
+    std::string path = dir_ + "/" + file;
+    std::string name = file.substr(0, file.size() - 5);
+    auto text = readFile(path);
+    json j = text.ok() ? json::parse(*text, nullptr, false) : json();
+    Result<Session> s = j.is_object() ? sessionFromJson(j) : Result<Session>(Error::invalid("not a JSON object"));
+    if (s.ok() && s->name != name) s = Error::invalid("the file names session '" + s->name + "'");
+    if (!s.ok()) {
+      DSEC_LOG(kWarn, kLog) << "unreadable session file " << path << " (" << s.error().message() << "), removing it";
+      ::unlink(path.c_str());
+      continue;
+    }
+    sessions_[name] = std::move(*s);
+  }
+  if (!sessions_.empty()) DSEC_LOG(kInfo, kLog) << "loaded " << sessions_.size() << " session(s)";
+  return okStatus();
+}
+
+Status SessionTable::persistLocked(const Session& s) {
+  json j = s.toJson();
+  j.erase("state");  // derived from lapsed_unix
+  auto st = writeStateFile(pathOf(s.name), j.dump());
+  if (!st.ok()) DSEC_LOG(kWarn, kLog) << "persisting session " << s.name << ": " << st.error().toString();
+  return st;
+}
+
+void SessionTable::removeFileLocked(const std::string& name) {
+  if (::unlink(pathOf(name).c_str()) != 0 && errno != ENOENT) {
+    DSEC_LOG(kWarn, kLog) << "removing session file of " << name << ": " << strerror(errno);
+  }
+}
+
+Result<Session> SessionTable::put(const std::string& name, const SessionSettings& settings, double now) {
+  DSEC_TRY(validateSessionName(name));
+  std::lock_guard lock(mu_);
+  auto it = sessions_.find(name);
+  bool created = it == sessions_.end();
+  if (!created && it->second.deleting) {
+    return Error(ErrorCode::kConflict, "session " + name + " is being deleted");
+  }
+  Session s = created ? Session{} : it->second;
+  s.name = name;
+  if (settings.lease) s.lease = *settings.lease;
+  if (settings.retention) s.retention = *settings.retention;
+  bool was_lapsed = s.lapsed();
+  s.expires_unix = now + s.lease;
+  s.lapsed_unix.reset();
+  DSEC_TRY(persistLocked(s));
+  sessions_[name] = s;
+  if (created) {
+    DSEC_LOG(kInfo, kLog) << "session " << name << " created (lease " << s.lease << " s, retention " << s.retention
+                          << " s)";
+  } else if (was_lapsed) {
+    DSEC_LOG(kInfo, kLog) << "session " << name << " renewed after it lapsed";
+  }
+  return s;
+}
+
+Result<Session> SessionTable::renew(const std::string& name, std::optional<double> lease, double now) {
+  DSEC_TRY(validateSessionName(name));
+  std::lock_guard lock(mu_);
+  auto it = sessions_.find(name);
+  if (it == sessions_.end() || it->second.deleting) return Error::notFound("no session " + name);
+  Session s = it->second;
+  if (lease) s.lease = *lease;
+  bool was_lapsed = s.lapsed();
+  s.expires_unix = now + s.lease;
+  s.lapsed_unix.reset();
+  DSEC_TRY(persistLocked(s));
+  it->second = s;
+  if (was_lapsed) DSEC_LOG(kInfo, kLog) << "session " << name << " re-attached after it lapsed";
+  return s;
+}
+
+Result<Session> SessionTable::get(const std::string& name) {
+  DSEC_TRY(validateSessionName(name));
+  std::lock_guard lock(mu_);
+  auto it = sessions_.find(name);
+  if (it == sessions_.end()) return Error::notFound("no session " + name);
+  return it->second;
+}
+
+std::vector<Session> SessionTable::list() {
+  std::lock_guard lock(mu_);
+  std::vector<Session> out;
+  for (const auto& [name, s] : sessions_) out.push_back(s);
+  return out;
+}
+
+Status SessionTable::checkJoinable(const std::string& name) {
+  std::lock_guard lock(mu_);
+  auto it = sessions_.find(name);
+  if (it == sessions_.end())
+    return Error::notFound("no session " + name + " (create it with PUT /v1/sessions/" + name + ")");
+  if (it->second.deleting) return Error::notFound("session " + name + " is being deleted");
+  if (it->second.lapsed()) {
+    return Error(ErrorCode::kConflict,
+                 "session " + name + " has lapsed (its lease was not renewed): attach to it before creating sandboxes");
+  }
+  return okStatus();
+}
+
+Status SessionTable::addSandbox(const std::string& name, const std::string& id) {
+  DSEC_TRY(checkJoinable(name));
+  std::lock_guard lock(mu_);
+  auto it = sessions_.find(name);
+  if (it == sessions_.end()) return Error::notFound("no session " + name);  // deleted in between
+  Session s = it->second;
+  s.sandboxes.insert(id);
+  DSEC_TRY(persistLocked(s));
+  it->second = std::move(s);
+  return okStatus();
+}
+
+void SessionTable::removeSandbox(const std::string& name, const std::string& id) {
+  std::lock_guard lock(mu_);
+  auto it = sessions_.find(name);
+  if (it == sessions_.end() || !it->second.sandboxes.erase(id)) return;
+  // A failed write leaves the id in the file; the next restart's reconcile drops it.
+  (void)persistLocked(it->second);
+}
+
+Result<std::vector<std::string>> SessionTable::beginDelete(const std::string& name) {
+  DSEC_TRY(validateSessionName(name));
+  std::lock_guard lock(mu_);
+  auto it = sessions_.find(name);
+  if (it == sessions_.end() || it->second.deleting) return Error::notFound("no session " + name);
+  it->second.deleting = true;
+  return std::vector<std::string>(it->second.sandboxes.begin(), it->second.sandboxes.end());
+}
+
+void SessionTable::erase(const std::string& name) {
+  std::lock_guard lock(mu_);
+  sessions_.erase(name);
+  removeFileLocked(name);
+}
+
+void SessionTable::cancelDelete(const std::string& name) {
+  std::lock_guard lock(mu_);
+  auto it = sessions_.find(name);
+  if (it != sessions_.end()) it->second.deleting = false;
+}
+
+SessionTable::Due SessionTable::tick(double now) {
+  Due due;
+  std::lock_guard lock(mu_);
+  for (auto& [name, s] : sessions_) {
+    if (s.deleting) continue;
+    std::vector<std::string> ids(s.sandboxes.begin(), s.sandboxes.end());
+    if (!s.lapsed() && now >= s.expires_unix) {
+      s.lapsed_unix = now;
+      (void)persistLocked(s);
+      lapses_total_++;
+      DSEC_LOG(kInfo, kLog) << "session " << name << " lapsed (lease of " << s.lease << " s not renewed): pausing "
+                            << ids.size() << " sandbox(es), keeping them for " << s.retention << " s";
+      due.lapsed.emplace_back(name, std::move(ids));
+    } else if (s.lapsed() && now >= *s.lapsed_unix + s.retention) {
+      s.deleting = true;
+      due.expired.emplace_back(name, std::move(ids));
+    }
+  }
+  return due;
+}
+
+void SessionTable::reconcile(const std::map<std::string, std::string>& members, double now) {
+  std::lock_guard lock(mu_);
+  for (auto& [name, s] : sessions_) {
+    bool changed = false;
+    for (auto it = s.sandboxes.begin(); it != s.sandboxes.end();) {
+      auto m = members.find(*it);
+      if (m == members.end() || m->second != name) {
+        DSEC_LOG(kInfo, kLog) << "session " << name << ": sandbox " << *it << " no longer exists";
+        it = s.sandboxes.erase(it);
+        changed = true;
+      } else {
+        ++it;
+      }
+    }
+    if (changed) (void)persistLocked(s);
+  }
+  for (const auto& [id, name] : members) {
+    auto it = sessions_.find(name);
+    if (it == sessions_.end()) {
+      if (!validateSessionName(name).ok()) continue;
+      DSEC_LOG(kWarn, kLog) << "sandbox " << id << " belongs to session " << name
+                            << ", which has no state: restoring the session with an expired lease";
+      Session s;
+      s.name = name;
+      s.expires_unix = now;
+      it = sessions_.emplace(name, std::move(s)).first;
+    } else if (it->second.sandboxes.count(id)) {
+      continue;
+    }
+    it->second.sandboxes.insert(id);
+    (void)persistLocked(it->second);
+  }
+}
+
+int64_t SessionTable::countActive() {
+  std::lock_guard lock(mu_);
+  int64_t n = 0;
+  for (const auto& [name, s] : sessions_) n += s.lapsed() ? 0 : 1;
+  return n;
+}
+
+int64_t SessionTable::countLapsed() {
+  std::lock_guard lock(mu_);
+  int64_t n = 0;
+  for (const auto& [name, s] : sessions_) n += s.lapsed() ? 1 : 0;
+  return n;
+}
+
+}  // namespace dsec::launcher
