@@ -34,7 +34,6 @@
 #include "dsec/launcher/api/HttpServer.h"
 #include "dsec/launcher/node/Metrics.h"
 #include "dsec/launcher/node/NodeAgent.h"
-#include "dsec/launcher/node/SimulatedBackend.h"
 
 namespace dsec::cli {
 namespace {
@@ -61,7 +60,6 @@ Result<std::unique_ptr<SimulatedNode>> startNode(const std::string& root, const 
   o.simulate = true;
   o.fncall.max_workers = 0;  // no function workers: they would start real sandboxes
   o.cpu_qos = cpu_qos;       // on: each create also books its cores in the node model, as on a real node
-  o.density = launcher::simulatedDensityConfig();
   o.memory_capacity_bytes = memory_bytes;
   DSEC_ASSIGN_OR_RETURN(node->agent, launcher::NodeAgent::start(o, &node->metrics));
   node->api = std::make_unique<launcher::ApiServer>(node->agent.get(), token);

@@ -229,7 +229,7 @@ TEST_F(ApiTest, PauseResumeAndTransparentResume) {
   EXPECT_EQ(p.json()["state"], "paused");
   EXPECT_EQ(client_->get(sandboxPath(id)).json()["state"], "paused");
   auto state = json::parse(*readFile(root_->path() + "/state/sandboxes/" + id + ".json"));
-  EXPECT_EQ(state["paused"], true);
+  EXPECT_EQ(state["paused_by"], "user");  // the record (StateRecord.h) says why it is paused
   auto e = exec(id, {{"cmd", "echo awake"}});
   ASSERT_EQ(e.status, 200) << e.body;
   EXPECT_EQ(e.json()["stdout"], "awake\n");

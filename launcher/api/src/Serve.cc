@@ -17,7 +17,6 @@
 #include "dsec/launcher/api/HttpServer.h"
 #include "dsec/launcher/node/Metrics.h"
 #include "dsec/launcher/node/NodeAgent.h"
-#include "dsec/launcher/node/SimulatedBackend.h"
 #include "dsec/launcher/api/StopSignals.h"
 
 namespace dsec::launcher {
@@ -81,10 +80,8 @@ class EmbeddedNodeImpl : public EmbeddedNode {
     node_options.cgroup_parent = options_.cgroup_parent;
     node_options.simulate = options_.simulate;
     node_options.fncall = options_.fncall;
-    if (options_.simulate) node_options.fncall.max_workers = 0;  // fncall workers would be real sandboxes
     node_options.density = options_.density;
     node_options.memory_capacity_bytes = options_.memory_capacity_bytes;
-    if (options_.simulate) node_options.density = simulatedDensityConfig(node_options.density);
     node_options.cpu_qos = options_.cpu_qos;
     node_options.cpu_exclusive_pool = options_.cpu_exclusive_pool;
     node_options.user_namespaces = options_.user_namespaces;

@@ -169,19 +169,19 @@ void CpuAllocator::release(const std::string& id) {
   }
 }
 
+CpuBooking CpuAllocator::bookingOf(const std::string& id) const {
+  if (!placer_) return {};
+  auto placed = placer_->placementOf(id);
+  if (!placed.ok() || (placed->qos != placement::Qos::kLatency && !binder_)) return {};
+  return {placed->cpuset, placed->mems};
+}
+
 void CpuAllocator::annotate(const std::string& id, backends::CpuQos qos, nlohmann::json* out) const {
   (*out)["qos"] = backends::cpuQosName(qos);
-  nlohmann::json cpuset = nullptr, mems = nullptr;
-  if (placer_) {
-    if (auto placed = placer_->placementOf(id); placed.ok()) {
-      if (placed->qos == placement::Qos::kLatency || binder_) {
-        cpuset = placed->cpuset;
-        mems = placed->mems;
-      }
-    }
-  }
-  (*out)["cpuset"] = cpuset;  // null: the whole node (no exclusive pool, or QoS off)
-  (*out)["cpuset_mems"] = mems;
+  CpuBooking booking = bookingOf(id);
+  // null: the whole node (no exclusive pool, or QoS off)
+  (*out)["cpuset"] = booking.cpuset.empty() ? nlohmann::json(nullptr) : nlohmann::json(booking.cpuset);
+  (*out)["cpuset_mems"] = booking.mems.empty() ? nlohmann::json(nullptr) : nlohmann::json(booking.mems);
 }
 
 nlohmann::json CpuAllocator::nodeJson() const {

@@ -173,7 +173,7 @@ void DensityLoop::tick() {
     auto state = rec->sandbox->state();
     if (state == backends::SandboxState::kStopped) continue;
     v.paused = state == backends::SandboxState::kPaused;
-    v.paused_by_density = v.paused && rec->paused_by == "density";
+    v.paused_by_density = v.paused && rec->paused_by == PausedBy::kDensity;
     v.session = rec->params.session;
     bool scan = (k + n - first) % n < budget;
     if (scan) {
@@ -255,7 +255,7 @@ void DensityLoop::execute(const placement::DensityAction& a, const std::shared_p
           DSEC_LOG(kWarn, kLog) << "pausing " << rec->id << ": " << st.error().toString();
           break;
         }
-        rec->paused_by = "density";
+        rec->paused_by = PausedBy::kDensity;
         if (auto st = agent_->persist(*rec); !st.ok()) {
           DSEC_LOG(kWarn, kLog) << "persisting " << rec->id << ": " << st.error().toString();
         }
@@ -264,12 +264,12 @@ void DensityLoop::execute(const placement::DensityAction& a, const std::shared_p
         done = true;
         break;
       case DensityActionKind::kResume:
-        if (state != backends::SandboxState::kPaused || rec->paused_by != "density") break;
+        if (state != backends::SandboxState::kPaused || rec->paused_by != PausedBy::kDensity) break;
         if (auto st = rec->sandbox->resume(); !st.ok()) {
           DSEC_LOG(kWarn, kLog) << "resuming " << rec->id << ": " << st.error().toString();
           break;
         }
-        rec->paused_by.clear();
+        rec->paused_by = PausedBy::kNone;
         if (auto st = agent_->persist(*rec); !st.ok()) {
           DSEC_LOG(kWarn, kLog) << "persisting " << rec->id << ": " << st.error().toString();
         }

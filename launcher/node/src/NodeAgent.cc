@@ -10,13 +10,11 @@
 #include <ctime>
 #include <set>
 
-#include "dsec/backends/container/ContainerBackend.h"
 #include "dsec/common/Directory.h"
 #include "dsec/common/Logging.h"
 #include "dsec/common/Strings.h"
 #include "dsec/launcher/node/CpuAllocator.h"
 #include "dsec/launcher/node/DensityLoop.h"
-#include "dsec/launcher/node/SimulatedBackend.h"
 
 namespace dsec::launcher {
 namespace {
@@ -25,7 +23,8 @@ using nlohmann::json;
 
 constexpr const char* kLog = "node";
 
-json paramsToJson(const CreateParams& p) {
+// The create parameters as the API shows them in a sandbox's info.
+json sandboxParamsJson(const CreateParams& p) {
   return json{{"image", p.image},
               {"backend", p.backend},
               {"cpus", p.cpus},
@@ -39,34 +38,6 @@ json paramsToJson(const CreateParams& p) {
               {"labels", p.labels},
               {"session", p.session.empty() ? json(nullptr) : json(p.session)},
               {"qos", backends::cpuQosName(p.qos)}};
-}
-
-// The inverse of paramsToJson for a state file written by an earlier agent (trusted, but still checked).
-Result<CreateParams> paramsFromState(const json& j) {
-  CreateParams p;
-  try {
-    p.image = j.at("image").get<std::string>();
-    auto layers = fs3::parseImageRef(p.image);
-    if (!layers.ok()) return layers.error();
-    p.layers = *layers;
-    p.backend = j.value("backend", "container");
-    p.cpus = j.value("cpus", 0.0);
-    p.memory_bytes = j.value("memory", int64_t{0});
-    p.disk_bytes = j.value("disk", int64_t{0});
-    p.pids = j.value("pids", int64_t{0});
-    p.timeout = j.value("timeout", 0.0);
-    p.idle_timeout = j.value("idle_timeout", 0.0);
-    auto network = backends::parseNetworkMode(j.value("network", "none"));
-    if (!network.ok()) return network.error();
-    p.network = *network;
-    p.env = j.value("env", std::map<std::string, std::string>{});
-    p.labels = j.value("labels", std::map<std::string, std::string>{});
-    if (j.contains("session") && j["session"].is_string()) p.session = j["session"].get<std::string>();
-    p.qos = j.value("qos", "batch") == "latency" ? backends::CpuQos::kLatency : backends::CpuQos::kBatch;
-  } catch (const json::exception& e) {
-    return Error::invalid(std::string("bad state file: ") + e.what());
-  }
-  return p;
 }
 
 int64_t physicalMemory() {
@@ -117,56 +88,54 @@ SandboxLease::~SandboxLease() {
   record_->active.fetch_sub(1);
 }
 
-NodeAgent::NodeAgent(const NodeOptions& options, Metrics* metrics)
-    : options_(options), metrics_(metrics), store_(options.root) {}
+NodeAgent::NodeAgent(const NodeOptions& options, Metrics* metrics, NodeParts parts)
+    : options_(options),
+      metrics_(metrics),
+      images_(std::move(parts.images)),
+      state_(std::move(parts.state)),
+      backend_(std::move(parts.backend)),
+      backend_has_cgroups_(parts.has_cgroups),
+      backend_runs_processes_(parts.runs_processes),
+      unavailable_reason_(std::move(parts.backend_unavailable)) {
+  if (!parts.uses_host_resources) options_.density = hostIndependentDensityConfig(options_.density);
+}
 
 Result<std::unique_ptr<NodeAgent>> NodeAgent::start(const NodeOptions& options, Metrics* metrics) {
-  std::unique_ptr<NodeAgent> agent(new NodeAgent(options, metrics));
-  agent->node_memory_bytes_ = options.memory_capacity_bytes > 0 ? options.memory_capacity_bytes : physicalMemory();
-  auto made = makeDirs(agent->stateDir(), 0700);
-  if (!made.ok()) return made.error().wrap("creating the state directory");
-  agent->mounter_ = std::make_unique<fs3::LayerMounter>(&agent->store_);
+  return start(options, metrics, makeNodeParts(options));
+}
 
-  backends::ContainerBackendOptions backend_options;
-  backend_options.cgroup_parent =
-      options.cgroup_parent.empty() ? cgroupParentForRoot(options.root) : options.cgroup_parent;
-  backend_options.cpu_qos = options.cpu_qos;
-  if (!options.user_namespaces) {
-    backend_options.user_namespace = backends::UserNamespaceMode::kOff;
-    DSEC_LOG(kWarn, kLog) << "user namespaces are off by the operator's choice: sandbox root is host root "
-                             "(with reduced capabilities, no_new_privs and seccomp); see docs/security.md";
-  }
-  agent->cgroup_parent_ = backend_options.cgroup_parent;
-  // A simulated node needs no kernel features: its sandboxes are records only (SimulatedBackend.h).
-  auto backend = options.simulate ? Result<std::unique_ptr<backends::Backend>>(makeSimulatedBackend())
-                                  : backends::makeContainerBackend(backend_options);
-  if (!backend.ok()) {
-    agent->unavailable_reason_ = "container backend unavailable: " + backend.error().message();
-  } else {
-    auto missing = (*backend)->missingFeatures();
-    if (!missing.empty()) {
-      std::string reason = "container backend unavailable, host lacks:";
-      for (const auto& m : missing) reason += " " + m + ";";
-      reason.pop_back();
-      agent->unavailable_reason_ = reason;
-    }
-    agent->backend_ = std::move(*backend);
-  }
-  if (!agent->unavailable_reason_.empty()) {
-    DSEC_LOG(kWarn, kLog) << agent->unavailable_reason_ << " (creates will get 501)";
-  }
+Result<std::unique_ptr<NodeAgent>> NodeAgent::start(const NodeOptions& options, Metrics* metrics, NodeParts parts) {
+  if (!parts.images || !parts.state) return Error::invalid("a node needs an image source and a state store");
+  std::unique_ptr<NodeAgent> agent(new NodeAgent(options, metrics, std::move(parts)));
+  agent->node_memory_bytes_ = options.memory_capacity_bytes > 0 ? options.memory_capacity_bytes : physicalMemory();
+  agent->cgroup_parent_ = options.cgroup_parent.empty() ? cgroupParentForRoot(options.root) : options.cgroup_parent;
+  agent->checkBackend();
   agent->sessions_ = std::make_unique<SessionTable>(options.root + "/state/sessions");
-  // A simulated node books cores but moves no cgroups (it has none).
-  agent->cpu_ = std::make_unique<CpuAllocator>(
-      CpuAllocatorOptions{options.cpu_qos, options.cpu_exclusive_pool && !options.simulate, agent->cgroup_parent_, ""});
+  agent->cpu_ = std::make_unique<CpuAllocator>(CpuAllocatorOptions{
+      options.cpu_qos, options.cpu_exclusive_pool && agent->backend_has_cgroups_, agent->cgroup_parent_, ""});
   if (agent->backend_) agent->adoptAll();
   agent->loadSessions();
   agent->startFncall();  // after adoptAll: leftover fncall workers of an earlier agent are reaped by then
-  agent->density_ = std::make_unique<DensityLoop>(agent.get(), options.density, options.memory_capacity_bytes,
+  agent->density_ = std::make_unique<DensityLoop>(agent.get(), agent->options_.density, options.memory_capacity_bytes,
                                                   options.density_interval_seconds, agent->cgroup_parent_);
   agent->density_->start();
   agent->reaper_ = std::thread([a = agent.get()] { a->reaperLoop(); });
   return agent;
+}
+
+void NodeAgent::checkBackend() {
+  if (backend_) {
+    auto missing = backend_->missingFeatures();
+    if (!missing.empty()) {
+      std::string reason = "container backend unavailable, host lacks:";
+      for (const auto& m : missing) reason += " " + m + ";";
+      reason.pop_back();
+      unavailable_reason_ = reason;
+    }
+  } else if (unavailable_reason_.empty()) {
+    unavailable_reason_ = "no backend";
+  }
+  if (!unavailable_reason_.empty()) DSEC_LOG(kWarn, kLog) << unavailable_reason_ << " (creates will get 501)";
 }
 
 NodeAgent::~NodeAgent() { shutdown(false); }
@@ -215,9 +184,6 @@ void NodeAgent::removeEmptyCgroupParent() {
   }
 }
 
-std::string NodeAgent::stateDir() const { return options_.root + "/state/sandboxes"; }
-std::string NodeAgent::statePath(const std::string& id) const { return stateDir() + "/" + id + ".json"; }
-
 size_t NodeAgent::sandboxCount() {
   std::lock_guard lock(mu_);
   return sandboxes_.size();
@@ -230,17 +196,15 @@ std::shared_ptr<SandboxRecord> NodeAgent::find(const std::string& id) {
 }
 
 Status NodeAgent::persist(SandboxRecord& rec) {
-  // A simulated node keeps its records in memory only: a state file per create (an ext4 inode allocation)
-  // was a third of the CPU of `dsec bench gateway`, and records without processes have nothing to re-adopt.
-  if (options_.simulate) return okStatus();
-  json state = paramsToJson(rec.params);
-  state["id"] = rec.id;
-  state["created_unix"] = rec.created_unix;
-  state["paused"] = rec.sandbox->state() == backends::SandboxState::kPaused;
-  state["paused_by"] = state["paused"].get<bool>() && !rec.paused_by.empty() ? json(rec.paused_by) : json(nullptr);
-  state["backend_state"] = rec.sandbox->persistentState();
-  if (cpu_) cpu_->annotate(rec.id, rec.params.qos, &state);  // "cpuset" to re-reserve after a restart
-  return writeStateFile(statePath(rec.id), state.dump());
+  SandboxStateRecord record;
+  record.id = rec.id;
+  record.params = rec.params;
+  record.created_unix = rec.created_unix;
+  bool paused = rec.sandbox->state() == backends::SandboxState::kPaused;
+  record.paused_by = paused ? (rec.paused_by == PausedBy::kNone ? PausedBy::kUser : rec.paused_by) : PausedBy::kNone;
+  record.backend_state = rec.sandbox->persistentState();
+  if (cpu_) record.cpuset = cpu_->bookingOf(rec.id).cpuset;  // to book the same cores again after a restart
+  return state_->save(record);
 }
 
 Result<json> NodeAgent::create(const CreateParams& params) {
@@ -280,8 +244,7 @@ Result<json> NodeAgent::create(const CreateParams& params) {
   if (!params.session.empty()) {
     if (auto st = sessions_->checkJoinable(params.session); !st.ok()) return fail(st.error());
   }
-  // A simulated node has no layer store to check or mount from (the request was still validated in full).
-  if (auto st = options_.simulate ? okStatus() : store_.checkImage(params.layers); !st.ok()) return fail(st.error());
+  if (auto st = images_->check(params.layers); !st.ok()) return fail(st.error());
   auto rec = std::make_shared<SandboxRecord>();
   rec->id = options_.node_name + "-" + randomHex(16);
   rec->params = params;
@@ -291,11 +254,9 @@ Result<json> NodeAgent::create(const CreateParams& params) {
   auto cores = cpu_->reserve(rec->id, params.qos, params.cpus);
   if (!cores.ok()) return fail(cores.error());
 
-  if (!options_.simulate) {
-    auto mount = mounter_->acquire(params.layers);
-    if (!mount.ok()) return fail(mount.error().wrap("mounting image " + params.image));
-    rec->mount = std::move(*mount);
-  }
+  auto mount = images_->acquire(params.layers);
+  if (!mount.ok()) return fail(mount.error().wrap("mounting image " + params.image));
+  rec->mount = std::move(*mount);
 
   backends::SandboxSpec spec;
   spec.id = rec->id;
@@ -323,7 +284,7 @@ Result<json> NodeAgent::create(const CreateParams& params) {
     // After the sandbox's own state file, so a crash in between leaves a member the restart's reconcile adds.
     if (auto st = sessions_->addSandbox(params.session, rec->id); !st.ok()) {
       (void)rec->sandbox->destroy();
-      ::unlink(statePath(rec->id).c_str());
+      (void)state_->remove(rec->id);
       return fail(st.error());
     }
   }
@@ -347,7 +308,7 @@ Result<json> NodeAgent::create(const CreateParams& params) {
 
 json NodeAgent::infoLocked(SandboxRecord& rec) {
   const CreateParams& p = rec.params;
-  json j = paramsToJson(p);
+  json j = sandboxParamsJson(p);
   j["id"] = rec.id;
   j["node"] = options_.node_name;
   j["state"] = backends::sandboxStateName(rec.sandbox->state());
@@ -355,7 +316,8 @@ json NodeAgent::infoLocked(SandboxRecord& rec) {
   j["created_unix"] = rec.created_unix;
   j["last_active_unix"] = rec.last_active_unix.load();
   bool paused = rec.sandbox->state() == backends::SandboxState::kPaused;
-  j["paused_by"] = paused ? json(rec.paused_by.empty() ? "user" : rec.paused_by) : json(nullptr);
+  j["paused_by"] = paused ? json(pausedByName(rec.paused_by == PausedBy::kNone ? PausedBy::kUser : rec.paused_by))
+                         : json(nullptr);
   json usage = {{"memory_bytes", 0}, {"pids", 0}, {"cpu_usec", 0}, {"oom_kills", 0}};
   if (auto u = rec.sandbox->usage(); u.ok()) {
     usage = {
@@ -409,9 +371,7 @@ Status NodeAgent::destroy(const std::string& id, const std::string& reason) {
     std::lock_guard lock(mu_);
     sandboxes_.erase(id);
   }
-  if (::unlink(statePath(id).c_str()) != 0 && errno != ENOENT) {
-    DSEC_LOG(kWarn, kLog) << "removing state of " << id << ": " << strerror(errno);
-  }
+  if (auto st = state_->remove(id); !st.ok()) DSEC_LOG(kWarn, kLog) << "removing the record of " << st.error().toString();
   if (!rec->params.session.empty()) sessions_->removeSandbox(rec->params.session, id);
   if (density_) density_->forget(id);
   if (cpu_) cpu_->release(id);
@@ -431,7 +391,7 @@ Result<json> NodeAgent::pause(const std::string& id) {
   if (rec->destroyed) return Error::notFound("no sandbox " + id);
   if (rec->sandbox->state() != backends::SandboxState::kPaused) {
     DSEC_TRY(rec->sandbox->pause());
-    rec->paused_by = "user";
+    rec->paused_by = PausedBy::kUser;
     if (auto st = persist(*rec); !st.ok())
       DSEC_LOG(kWarn, kLog) << "persisting " << id << ": " << st.error().toString();
   }
@@ -445,7 +405,7 @@ Result<json> NodeAgent::resume(const std::string& id) {
   if (rec->destroyed) return Error::notFound("no sandbox " + id);
   if (rec->sandbox->state() == backends::SandboxState::kPaused) {
     DSEC_TRY(rec->sandbox->resume());
-    rec->paused_by.clear();
+    rec->paused_by = PausedBy::kNone;
     if (auto st = persist(*rec); !st.ok())
       DSEC_LOG(kWarn, kLog) << "persisting " << id << ": " << st.error().toString();
   }
@@ -462,8 +422,8 @@ Result<SandboxLease> NodeAgent::use(const std::string& id) {
   if (state == backends::SandboxState::kPaused) {
     // Transparent resume, also of a sandbox paused because its session's lease lapsed.
     DSEC_TRY(rec->sandbox->resume());
-    if (rec->paused_by == "lease") DSEC_LOG(kInfo, kLog) << "resumed " << id << " (paused by its session's lease)";
-    rec->paused_by.clear();
+    if (rec->paused_by == PausedBy::kLease) DSEC_LOG(kInfo, kLog) << "resumed " << id << " (paused by its session's lease)";
+    rec->paused_by = PausedBy::kNone;
     if (auto st = persist(*rec); !st.ok())
       DSEC_LOG(kWarn, kLog) << "persisting " << id << ": " << st.error().toString();
   } else if (state == backends::SandboxState::kStopped) {
@@ -475,100 +435,93 @@ Result<SandboxLease> NodeAgent::use(const std::string& id) {
 }
 
 void NodeAgent::adoptAll() {
-  auto listed = listStateFiles(stateDir());
-  if (!listed.ok()) return;
-  const std::vector<std::string>& files = *listed;
+  auto stored = state_->loadAll();
+  if (!stored.ok()) {
+    DSEC_LOG(kWarn, kLog) << "reading the sandboxes' records: " << stored.error().toString();
+    return;
+  }
   int adopted = 0, reaped = 0;
-  for (const auto& name : files) {
-    std::string path = stateDir() + "/" + name;
-    std::string id = name.substr(0, name.size() - 5);
-    auto text = readFile(path);
-    json state;
-    if (text.ok()) {
-      state = json::parse(*text, nullptr, false);
-    }
-    if (!text.ok() || state.is_discarded() || !state.is_object()) {
-      DSEC_LOG(kWarn, kLog) << "unreadable state file " << path << ", removing it";
-      ::unlink(path.c_str());
-      continue;
-    }
-    json backend_state = state.value("backend_state", json::object());
-    auto params = paramsFromState(state);
-    std::string why;
-    std::unique_ptr<fs3::ImageMount> mount;
-    std::unique_ptr<backends::Sandbox> sandbox;
-    if (!params.ok()) {
-      why = params.error().message();
-    } else if (state.value("id", "") != id) {
-      why = "state file names a different id";
+  for (auto& entry : *stored) {
+    if (adoptOne(entry)) {
+      ++adopted;
     } else {
-      auto m = mounter_->acquire(params->layers);
-      if (!m.ok()) {
-        why = m.error().toString();
-      } else {
-        mount = std::move(*m);
-        auto sb = backend_->adopt(backend_state);
-        if (!sb.ok()) {
-          why = sb.error().toString();
-        } else {
-          sandbox = std::move(*sb);
-        }
-      }
+      ++reaped;
     }
-    if (!sandbox) {
-      DSEC_LOG(kInfo, kLog) << "cannot adopt " << id << " (" << why << "), reaping it";
-      if (auto st = backend_->reap(backend_state); !st.ok()) {
+  }
+  reaped += reapLeftovers();
+  if (auto st = images_->releaseUnused(); !st.ok()) {
+    DSEC_LOG(kWarn, kLog) << "unmounting unused layers: " << st.error().toString();
+  }
+  if (adopted || reaped) DSEC_LOG(kInfo, kLog) << "re-adopted " << adopted << " sandbox(es), reaped " << reaped;
+}
+
+bool NodeAgent::adoptOne(StoredState& entry) {
+  const std::string& id = entry.id;
+  std::string why;
+  std::unique_ptr<fs3::ImageMount> mount;
+  std::unique_ptr<backends::Sandbox> sandbox;
+  if (!entry.record.ok()) {
+    why = entry.record.error().message();
+  } else if (auto m = images_->acquire(entry.record->params.layers); !m.ok()) {
+    why = m.error().toString();
+  } else if (auto sb = backend_->adopt(entry.record->backend_state); !sb.ok()) {
+    why = sb.error().toString();
+  } else {
+    mount = std::move(*m);
+    sandbox = std::move(*sb);
+  }
+  if (!sandbox) {
+    DSEC_LOG(kInfo, kLog) << "cannot adopt " << id << " (" << why << "), reaping it";
+    if (!entry.backend_state.empty()) {
+      if (auto st = backend_->reap(entry.backend_state); !st.ok()) {
         DSEC_LOG(kWarn, kLog) << "reaping " << id << ": " << st.error().toString();
       }
-      ::unlink(path.c_str());
-      ++reaped;
-      continue;
     }
-    auto rec = std::make_shared<SandboxRecord>();
-    rec->id = id;
-    rec->params = std::move(*params);
-    rec->created_unix = state.value("created_unix", wallSeconds());
-    rec->touch();
-    rec->mount = std::move(mount);
-    rec->sandbox = std::move(sandbox);
-    if (rec->sandbox->state() == backends::SandboxState::kPaused) {
-      rec->paused_by = state.contains("paused_by") && state["paused_by"].is_string()
-                           ? state["paused_by"].get<std::string>()
-                           : "user";
-    }
-    {
-      std::lock_guard lock(mu_);
-      sandboxes_[id] = rec;
-    }
-    json recorded = state.value("cpuset", json(nullptr));
-    if (auto st = cpu_->readopt(id, rec->params.qos, rec->params.cpus,
-                                recorded.is_string() ? recorded.get<std::string>() : "");
-        !st.ok()) {
-      DSEC_LOG(kWarn, kLog) << "re-adopted " << id << " without its cores: " << st.error().toString();
-    }
-    ++adopted;
+    (void)state_->remove(id);
+    return false;
   }
+  SandboxStateRecord& record = *entry.record;
+  auto rec = std::make_shared<SandboxRecord>();
+  rec->id = id;
+  rec->params = std::move(record.params);
+  rec->created_unix = record.created_unix > 0 ? record.created_unix : wallSeconds();
+  rec->touch();
+  rec->mount = std::move(mount);
+  rec->sandbox = std::move(sandbox);
+  if (rec->sandbox->state() == backends::SandboxState::kPaused) {
+    rec->paused_by = record.paused_by == PausedBy::kNone ? PausedBy::kUser : record.paused_by;
+  }
+  {
+    std::lock_guard lock(mu_);
+    sandboxes_[id] = rec;
+  }
+  if (auto st = cpu_->readopt(id, rec->params.qos, rec->params.cpus, record.cpuset); !st.ok()) {
+    DSEC_LOG(kWarn, kLog) << "re-adopted " << id << " without its cores: " << st.error().toString();
+  }
+  return true;
+}
+
+int NodeAgent::reapLeftovers() {
   std::set<std::string> known;
   {
     std::lock_guard lock(mu_);
     for (const auto& [id, rec] : sandboxes_) known.insert(id);
   }
-  if (auto leftovers = backend_->listLeftovers(); leftovers.ok()) {
-    for (const auto& id : *leftovers) {
-      if (known.count(id)) continue;
-      DSEC_LOG(kInfo, kLog) << "reaping leftover sandbox " << id;
-      if (auto st = backend_->reapLeftover(id); !st.ok()) {
-        DSEC_LOG(kWarn, kLog) << "reaping leftover " << id << ": " << st.error().toString();
-      }
-      ++reaped;
-    }
-  } else {
+  auto leftovers = backend_->listLeftovers();
+  if (!leftovers.ok()) {
     DSEC_LOG(kWarn, kLog) << "listing leftovers: " << leftovers.error().toString();
+    return 0;
   }
-  if (auto st = mounter_->unmountUnused(); !st.ok()) {
-    DSEC_LOG(kWarn, kLog) << "unmounting unused layers: " << st.error().toString();
+  int reaped = 0;
+  for (const auto& id : *leftovers) {
+    if (known.count(id)) continue;
+    DSEC_LOG(kInfo, kLog) << "reaping leftover sandbox " << id;
+    if (auto st = backend_->reapLeftover(id); !st.ok()) {
+      DSEC_LOG(kWarn, kLog) << "reaping leftover " << id << ": " << st.error().toString();
+    }
+    ++reaped;
   }
-  if (adopted || reaped) DSEC_LOG(kInfo, kLog) << "re-adopted " << adopted << " sandbox(es), reaped " << reaped;
+  return reaped;
 }
 
 void NodeAgent::reaperLoop() {
@@ -609,7 +562,7 @@ void NodeAgent::pauseForLease(const std::string& id, const std::string& session)
       DSEC_LOG(kWarn, kLog) << "pausing " << id << " (session " << session << " lapsed): " << st.error().toString();
       return;
     }
-    rec->paused_by = "lease";
+    rec->paused_by = PausedBy::kLease;
     if (auto st = persist(*rec); !st.ok())
       DSEC_LOG(kWarn, kLog) << "persisting " << id << ": " << st.error().toString();
   }
@@ -694,7 +647,7 @@ Result<json> NodeAgent::deleteSession(const std::string& name) {
 
 bool NodeAgent::pausedByLease(SandboxRecord& rec) {
   std::lock_guard lock(rec.mu);
-  return !rec.destroyed && rec.paused_by == "lease" && rec.sandbox->state() == backends::SandboxState::kPaused;
+  return !rec.destroyed && rec.paused_by == PausedBy::kLease && rec.sandbox->state() == backends::SandboxState::kPaused;
 }
 
 void NodeAgent::reapExpired() {
@@ -756,12 +709,12 @@ json NodeAgent::nodeInfo() {
 }
 
 Result<json> NodeAgent::layers() {
-  DSEC_ASSIGN_OR_RETURN(auto manifests, store_.list());
+  DSEC_ASSIGN_OR_RETURN(auto statuses, images_->layers());
   json out = json::array();
-  for (const auto& m : manifests) {
-    json j = m.toJson();
-    j["mounted"] = mounter_->isMounted(m.ref);
-    j["refs"] = mounter_->refCount(m.ref);
+  for (const auto& layer : statuses) {
+    json j = layer.manifest.toJson();
+    j["mounted"] = layer.mounted;
+    j["refs"] = layer.refs;
     out.push_back(std::move(j));
   }
   return json{{"layers", out}};
@@ -784,17 +737,14 @@ void NodeAgent::renderGauges(std::string* out) {
         break;
       case backends::SandboxState::kPaused:
         ++paused;
-        if (rec->paused_by == "lease") ++paused_by_lease;
+        if (rec->paused_by == PausedBy::kLease) ++paused_by_lease;
         break;
       case backends::SandboxState::kStopped:
         ++stopped;
         break;
     }
   }
-  int64_t mounts = 0;
-  if (auto manifests = store_.list(); manifests.ok()) {
-    for (const auto& m : *manifests) mounts += mounter_->isMounted(m.ref) ? 1 : 0;
-  }
+  int64_t mounts = images_->mountedLayers();
   *out += "# HELP dsec_sandboxes Live sandboxes by state.\n# TYPE dsec_sandboxes gauge\n";
   *out += "dsec_sandboxes{state=\"running\"} " + std::to_string(running) + "\n";
   *out += "dsec_sandboxes{state=\"paused\"} " + std::to_string(paused) + "\n";

@@ -1,20 +1,19 @@
-// The node agent's part of the fncall backend: starting it over the agent's layer store, mounter and container
-// backend, and what /v1/node says about it. Kept apart from NodeAgent.cc, which only calls in here.
+// The node agent's part of the fncall backend: starting it over the agent's image source and container backend, and what /v1/node says about it. Kept apart from NodeAgent.cc, which only calls in here.
 #include "dsec/common/Logging.h"
 #include "dsec/launcher/node/NodeAgent.h"
 
 namespace dsec::launcher {
 
 void NodeAgent::startFncall() {
-  if (options_.simulate) {
-    fncall_unavailable_ = "a simulated node runs no processes";
+  if (!backend_runs_processes_) {
+    fncall_unavailable_ = "this node's backend runs no processes (a simulated node)";
     return;
   }
   if (!backend_ || !unavailable_reason_.empty()) {
     fncall_unavailable_ = unavailable_reason_.empty() ? "no container backend" : unavailable_reason_;
     return;
   }
-  auto service = NodeFncall::start(options_.fncall, options_.node_name, &store_, mounter_.get(), backend_.get());
+  auto service = NodeFncall::start(options_.fncall, options_.node_name, images_.get(), backend_.get());
   if (!service.ok()) {
     fncall_unavailable_ = service.error().message();
     DSEC_LOG(kWarn, "fncall") << "fncall unavailable: " << fncall_unavailable_ << " (calls will get 501)";

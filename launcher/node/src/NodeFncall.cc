@@ -46,12 +46,11 @@ std::unique_ptr<Sandbox> makeMountedSandbox(std::unique_ptr<fs3::ImageMount> mou
 }
 
 Result<std::unique_ptr<NodeFncall>> NodeFncall::start(const FncallOptions& options, const std::string& node_name,
-                                                      fs3::LayerStore* store, fs3::LayerMounter* mounter,
-                                                      backends::Backend* backend) {
+                                                      ImageSource* images, backends::Backend* backend) {
   if (options.max_workers <= 0) return Error(ErrorCode::kUnsupported, "fncall is disabled on this node");
   auto default_layers = fs3::parseImageRef(options.image);
   if (!default_layers.ok()) return default_layers.error().wrap("fncall image '" + options.image + "'");
-  std::unique_ptr<NodeFncall> node(new NodeFncall(options, node_name, store));
+  std::unique_ptr<NodeFncall> node(new NodeFncall(options, node_name, images));
   node->options_.image = fs3::imageToString(*default_layers);
 
   backends::fncall::FunctionServiceOptions service_options;
@@ -59,11 +58,11 @@ Result<std::unique_ptr<NodeFncall>> NodeFncall::start(const FncallOptions& optio
   service_options.node_name = node_name;
   service_options.max_workers = options.max_workers;
   service_options.queue_wait_seconds = options.queue_wait_seconds;
-  auto factory = [store, mounter, backend](const std::string& image,
+  auto factory = [images, backend](const std::string& image,
                                            const SandboxSpec& spec) -> Result<std::unique_ptr<Sandbox>> {
     DSEC_ASSIGN_OR_RETURN(auto layers, fs3::parseImageRef(image));
-    DSEC_TRY(store->checkImage(layers));
-    auto mount = mounter->acquire(layers);
+    DSEC_TRY(images->check(layers));
+    auto mount = images->acquire(layers);
     if (!mount.ok()) return mount.error().wrap("mounting fncall image " + image);
     SandboxSpec full = spec;
     full.image = fs3::imageToString(layers);
@@ -78,8 +77,8 @@ Result<std::unique_ptr<NodeFncall>> NodeFncall::start(const FncallOptions& optio
   return node;
 }
 
-NodeFncall::NodeFncall(const FncallOptions& options, std::string node_name, fs3::LayerStore* store)
-    : options_(options), node_name_(std::move(node_name)), store_(store) {}
+NodeFncall::NodeFncall(const FncallOptions& options, std::string node_name, ImageSource* images)
+    : options_(options), node_name_(std::move(node_name)), images_(images) {}
 
 NodeFncall::~NodeFncall() { shutdown(); }
 
@@ -88,7 +87,7 @@ Result<ExecResult> NodeFncall::call(backends::fncall::CallRequest request) {
   // Checked here so a missing image is a clear 404 at once rather than a failed worker start.
   auto layers = fs3::parseImageRef(request.image);
   if (!layers.ok()) return layers.error();
-  if (auto st = store_->checkImage(*layers); !st.ok()) {
+  if (auto st = images_->check(*layers); !st.ok()) {
     if (st.error().code() == ErrorCode::kNotFound) return missingImage(request.image, node_name_, st.error());
     return st.error();
   }

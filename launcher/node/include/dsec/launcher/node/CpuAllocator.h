@@ -30,6 +30,12 @@ struct CpuAllocatorOptions {
 
 class CpuAllocator;
 
+// The cores (and memory nodes) a sandbox is bound to; empty strings: the whole node.
+struct CpuBooking {
+  std::string cpuset;
+  std::string mems;
+};
+
 // Cores held for one sandbox being created: released when dropped unless commit() was called.
 class CpuReservation {
  public:
@@ -62,7 +68,8 @@ class CpuAllocator {
   // free, else on new ones (and moves its cgroup there). Errors are for the log: the sandbox keeps running.
   Status readopt(const std::string& id, backends::CpuQos qos, double cpus, const std::string& recorded_cpus);
   void release(const std::string& id);
-  // "qos", "cpuset", "mems" of a sandbox (info and the persisted state).
+  CpuBooking bookingOf(const std::string& id) const;
+  // "qos", "cpuset", "cpuset_mems" of a sandbox's info.
   void annotate(const std::string& id, backends::CpuQos qos, nlohmann::json* out) const;
   // The node's books: {"enabled","cores","dedicated_cores","free_dedicated_cores","shared_cpuset",...}.
   nlohmann::json nodeJson() const;

@@ -1,7 +1,7 @@
-// The node agent: owns the layer store and mounter, the container backend and the registry of live
-// sandboxes. It validates admission, creates and destroys sandboxes, persists each sandbox's state under
-// <root>/state/sandboxes/<id>.json (so a restarted agent re-adopts it), and enforces absolute and idle
-// timeouts from a reaper thread. It also holds the node's sessions (Sessions.h): the reaper pauses the
+// The node agent: the registry of live sandboxes over its injected parts (NodeParts.h: a backend, an image source,
+// a state store). It validates admission, creates and destroys sandboxes, saves each sandbox's record in the
+// state store (StateRecord.h, so a restarted agent re-adopts it), and enforces absolute and idle timeouts from
+// a reaper thread. It also holds the node's sessions (Sessions.h): the reaper pauses the
 // sandboxes of a session whose lease lapsed and destroys them once its retention has passed.
 //
 // Locking: `mu_` guards only the registry map and the admission count; it is never held across a backend
@@ -24,11 +24,12 @@
 #include "dsec/backends/Sandbox.h"
 #include "dsec/common/Result.h"
 #include "dsec/fs3/LayerMounter.h"
-#include "dsec/fs3/LayerStore.h"
 #include "dsec/launcher/node/Metrics.h"
 #include "dsec/launcher/node/NodeFncall.h"
+#include "dsec/launcher/node/NodeParts.h"
 #include "dsec/launcher/node/CreateParams.h"
 #include "dsec/launcher/node/Sessions.h"
+#include "dsec/launcher/node/StateRecord.h"
 #include "dsec/placement/DensityController.h"
 
 namespace dsec::launcher {
@@ -40,8 +41,8 @@ struct NodeOptions {
   int64_t max_sandboxes = 4096;
   double reaper_interval_seconds = 1.0;
   std::string cgroup_parent;  // empty: cgroupParentForRoot(root)
-  // A simulated node (SimulatedBackend.h): sandboxes hold no processes; creates are validated and admitted
-  // as on a real node but check no image, mount no layers and write no state files (docs/fleet.md).
+  // A simulated node: makeNodeParts picks the simulated parts (NodeParts.h); sandboxes hold no processes, creates
+  // are validated and admitted as on a real node, images and records are in memory (docs/fleet.md).
   bool simulate = false;
   FncallOptions fncall;  // the fncall backend (NodeFncall.h)
   // The density controller (docs/density.md): density.overcommit = false is static limits (ratio 1.0).
@@ -74,9 +75,8 @@ struct SandboxRecord {
 
   std::mutex mu;  // serialises pause/resume/destroy and the transparent resume
   bool destroyed = false;
-  // Why the sandbox is paused while it is: "user" (POST .../pause), "lease" (its session lapsed) or "density"
-  // (the density controller, under memory pressure). Under mu.
-  std::string paused_by;
+  // Why the sandbox is paused while it is (kNone while it runs). Under mu.
+  PausedBy paused_by = PausedBy::kNone;
   // Declared before `sandbox` so the sandbox handle goes first when the record dies.
   std::unique_ptr<fs3::ImageMount> mount;
   std::unique_ptr<backends::Sandbox> sandbox;
@@ -101,7 +101,9 @@ class SandboxLease {
 
 class NodeAgent {
  public:
+  // Over the parts options ask for (makeNodeParts), or over given ones.
   static Result<std::unique_ptr<NodeAgent>> start(const NodeOptions& options, Metrics* metrics);
+  static Result<std::unique_ptr<NodeAgent>> start(const NodeOptions& options, Metrics* metrics, NodeParts parts);
   ~NodeAgent();
   NodeAgent(const NodeAgent&) = delete;
   NodeAgent& operator=(const NodeAgent&) = delete;
@@ -137,16 +139,18 @@ class NodeAgent {
   int64_t nodeMemoryBytes() const { return node_memory_bytes_; }
   // Why the container backend cannot create sandboxes here ("" when it can).
   const std::string& unavailableReason() const { return unavailable_reason_; }
-  std::string stateDir() const;
   size_t sandboxCount();
   // The fncall backend (POST /v1/call); null when unusable here, with the reason (NodeAgentFncall.cc).
   NodeFncall* fncall() { return fncall_.get(); }
   const std::string& fncallUnavailableReason() const { return fncall_unavailable_; }
 
  private:
-  friend class DensityLoop;  // samples the registry, pauses/resumes with paused_by "density"
-  NodeAgent(const NodeOptions& options, Metrics* metrics);
+  friend class DensityLoop;  // samples the registry, pauses/resumes with paused_by kDensity
+  NodeAgent(const NodeOptions& options, Metrics* metrics, NodeParts parts);
+  void checkBackend();
   void adoptAll();
+  bool adoptOne(StoredState& entry);  // false: reaped instead
+  int reapLeftovers();
   void reaperLoop();
   void reapExpired();
   void reapSessions();
@@ -157,15 +161,16 @@ class NodeAgent {
   void removeEmptyCgroupParent();
   std::shared_ptr<SandboxRecord> find(const std::string& id);
   Status persist(SandboxRecord& record);
-  std::string statePath(const std::string& id) const;
   nlohmann::json infoLocked(SandboxRecord& record);
 
   NodeOptions options_;
   Metrics* metrics_;
   int64_t node_memory_bytes_ = 0;
-  fs3::LayerStore store_;
-  std::unique_ptr<fs3::LayerMounter> mounter_;
+  std::unique_ptr<ImageSource> images_;
+  std::unique_ptr<StateStore> state_;
   std::unique_ptr<backends::Backend> backend_;
+  bool backend_has_cgroups_ = true;
+  bool backend_runs_processes_ = true;
   std::string unavailable_reason_;
   std::string cgroup_parent_;
   std::unique_ptr<SessionTable> sessions_;

@@ -1,5 +1,5 @@
 // The node's fncall backend (docs/api.md, "Function calls"): a FunctionService whose worker sandboxes are
-// container sandboxes on the node's own layer store and mounter. Workers are the node's, not a user's: they
+// container sandboxes on the node's own image source. Workers are the node's, not a user's: they
 // are never listed, never persisted (a restarted agent reaps their cgroups as leftovers) and always destroyed
 // when the node shuts down, even when user sandboxes are left for re-adoption.
 #pragma once
@@ -11,7 +11,7 @@
 #include "dsec/backends/Sandbox.h"
 #include "dsec/common/Result.h"
 #include "dsec/fs3/LayerMounter.h"
-#include "dsec/fs3/LayerStore.h"
+#include "dsec/launcher/node/ImageSource.h"
 
 namespace dsec::backends::fncall {
 struct CallRequest;
@@ -35,9 +35,9 @@ std::unique_ptr<backends::Sandbox> makeMountedSandbox(std::unique_ptr<fs3::Image
 
 class NodeFncall {
  public:
-  // store, mounter and backend must outlive the result (the node agent owns all four).
+  // images and backend must outlive the result (the node agent owns all three).
   static Result<std::unique_ptr<NodeFncall>> start(const FncallOptions& options, const std::string& node_name,
-                                                   fs3::LayerStore* store, fs3::LayerMounter* mounter,
+                                                   ImageSource* images,
                                                    backends::Backend* backend);
   ~NodeFncall();
   NodeFncall(const NodeFncall&) = delete;
@@ -53,11 +53,11 @@ class NodeFncall {
   const std::string& defaultImage() const { return options_.image; }
 
  private:
-  NodeFncall(const FncallOptions& options, std::string node_name, fs3::LayerStore* store);
+  NodeFncall(const FncallOptions& options, std::string node_name, ImageSource* images);
 
   FncallOptions options_;
   std::string node_name_;
-  fs3::LayerStore* store_;
+  ImageSource* images_;
   std::unique_ptr<backends::fncall::FunctionService> service_;
 };
 

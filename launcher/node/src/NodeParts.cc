@@ -1,0 +1,58 @@
+#include "dsec/launcher/node/NodeParts.h"
+
+#include "dsec/backends/container/ContainerBackend.h"
+#include "dsec/backends/simulated/SimulatedBackend.h"
+#include "dsec/common/Logging.h"
+#include "dsec/launcher/node/NodeAgent.h"
+
+namespace dsec::launcher {
+
+NodeParts makeSimulatedNodeParts() {
+  NodeParts parts;
+  parts.backend = backends::makeSimulatedBackend();
+  parts.images = std::make_unique<InMemoryImageSource>();
+  parts.state = std::make_unique<InMemoryStateStore>();
+  parts.has_cgroups = false;
+  parts.runs_processes = false;
+  parts.uses_host_resources = false;
+  return parts;
+}
+
+NodeParts makeNodeParts(const NodeOptions& options) {
+  if (options.simulate) return makeSimulatedNodeParts();
+  NodeParts parts;
+  backends::ContainerBackendOptions backend_options;
+  backend_options.cgroup_parent =
+      options.cgroup_parent.empty() ? cgroupParentForRoot(options.root) : options.cgroup_parent;
+  backend_options.cpu_qos = options.cpu_qos;
+  if (!options.user_namespaces) {
+    backend_options.user_namespace = backends::UserNamespaceMode::kOff;
+    DSEC_LOG(kWarn, "node") << "user namespaces are off by the operator's choice: sandbox root is host root "
+                               "(with reduced capabilities, no_new_privs and seccomp); see docs/security.md";
+  }
+  auto backend = backends::makeContainerBackend(backend_options);
+  if (backend.ok()) {
+    parts.backend = std::move(*backend);
+  } else {
+    parts.backend_unavailable = "container backend unavailable: " + backend.error().message();
+  }
+  parts.images = std::make_unique<LayerImageSource>(options.root);
+  parts.state = std::make_unique<FileStateStore>(options.root + "/state/sandboxes");
+  return parts;
+}
+
+placement::DensityConfig hostIndependentDensityConfig(placement::DensityConfig c) {
+  c.overcommit = true;
+  constexpr double kNever = 1e9;
+  for (int i = 0; i < 3; ++i) {
+    c.use_enter[i] = c.use_leave[i] = kNever;
+    c.psi_some_enter[i] = c.psi_some_leave[i] = kNever;
+    c.psi_full_enter[i] = c.psi_full_leave[i] = kNever;
+  }
+  c.cpu_psi_some = kNever;
+  c.use_bound_min_fraction = kNever;  // no use-based bound on the ratio either
+  c.oom_hold_seconds = 0;
+  return c;
+}
+
+}  // namespace dsec::launcher

@@ -1,0 +1,307 @@
+// The node core over injected parts, without root: the simulated backend (records only), in-memory images and
+// the real file state store in a temporary directory. Lifecycle, admission, timeouts, sessions (lapse, attach,
+// retention) and re-adoption run exactly as on a real node; only the backend differs.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <fstream>
+#include <functional>
+#include <thread>
+
+#include "dsec/testing/TestSupport.h"
+#include "dsec/common/Strings.h"
+#include "dsec/launcher/node/NodeAgent.h"
+#include "dsec/launcher/node/NodeParts.h"
+
+namespace dsec::launcher {
+namespace {
+
+using dsec::testing::TempDir;
+using nlohmann::json;
+
+class NodeCoreTest : public ::testing::Test {
+ protected:
+  NodeOptions options() const {
+    NodeOptions o;
+    o.root = dir_.path();
+    o.node_name = "t1";
+    o.max_sandboxes = 3;
+    o.reaper_interval_seconds = 0.02;
+    o.density_interval_seconds = 0.05;
+    o.memory_capacity_bytes = 1LL << 30;
+    o.density.memory_ratio_start = o.density.memory_ratio_max = 2.0;  // admits 2 GiB of limits
+    return o;
+  }
+  NodeParts parts() const {
+    NodeParts p = makeSimulatedNodeParts();
+    p.state = std::make_unique<FileStateStore>(stateDir());
+    return p;
+  }
+  std::string stateDir() const { return dir_.path() + "/state/sandboxes"; }
+  void startAgent() {
+    auto agent = NodeAgent::start(options(), &metrics_, parts());
+    ASSERT_OK(agent);
+    agent_ = std::move(*agent);
+  }
+  static CreateParams params(const std::string& image = "debian:12") {
+    CreateParams p;
+    p.image = image;
+    p.layers = *fs3::parseImageRef(image);
+    p.memory_bytes = 256LL << 20;
+    return p;
+  }
+  std::string create(const CreateParams& p) {
+    auto info = agent_->create(p);
+    EXPECT_TRUE(info.ok()) << info.error().toString();
+    return info.ok() ? (*info)["id"].get<std::string>() : "";
+  }
+  json info(const std::string& id) {
+    auto i = agent_->info(id);
+    return i.ok() ? *i : json{{"error", i.error().message()}};
+  }
+  // Polls until `done` holds (a reaper tick is 20 ms; the deadline only bounds a failure).
+  static bool eventually(const std::function<bool()>& done, double seconds = 10) {
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (done()) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return done();
+  }
+  size_t recordsOnDisk() {
+    auto listed = listStateFiles(stateDir());
+    return listed.ok() ? listed->size() : 0;
+  }
+
+  TempDir dir_;
+  Metrics metrics_;
+  std::unique_ptr<NodeAgent> agent_;
+};
+
+TEST_F(NodeCoreTest, CreatesListsAndDestroysWithARecordEach) {
+  startAgent();
+  CreateParams p = params();
+  p.labels = {{"job", "a"}};
+  std::string a = create(p);
+  std::string b = create(params());
+  EXPECT_EQ(info(a)["state"], "running");
+  EXPECT_EQ(info(a)["node"], "t1");
+  EXPECT_EQ(agent_->list({{"job", "a"}})["sandboxes"].size(), 1u);
+  EXPECT_EQ(agent_->list({})["sandboxes"].size(), 2u);
+  EXPECT_EQ(recordsOnDisk(), 2u);
+  ASSERT_OK(agent_->destroy(a));
+  ASSERT_ERROR(agent_->info(a), ErrorCode::kNotFound);
+  ASSERT_ERROR(agent_->destroy(a), ErrorCode::kNotFound);
+  EXPECT_EQ(recordsOnDisk(), 1u);
+  EXPECT_EQ(metrics_.creates_total.load(), 2u);
+  EXPECT_EQ(metrics_.destroys_total.load(), 1u);
+  ASSERT_OK(agent_->destroy(b));
+}
+
+TEST_F(NodeCoreTest, AdmissionRefusesAFullNodeAndCommittedMemoryBeyondCapacity) {
+  startAgent();
+  CreateParams big = params();
+  big.memory_bytes = 1536LL << 20;
+  create(big);  // 1.5 of 2 GiB
+  ASSERT_ERROR(agent_->create(big), ErrorCode::kResourceExhausted);
+  create(params());
+  create(params());  // 3 sandboxes: the node's limit
+  auto refused = agent_->create(params());
+  ASSERT_ERROR(refused, ErrorCode::kResourceExhausted);
+  EXPECT_NE(refused.error().message().find("is full"), std::string::npos) << refused.error().message();
+  EXPECT_EQ(agent_->sandboxCount(), 3u);
+  EXPECT_EQ(metrics_.create_failures_total.load(), 2u);
+}
+
+TEST_F(NodeCoreTest, AMissingImageIsNotFoundAndBooksNothing) {
+  NodeParts p = parts();
+  p.images = std::make_unique<InMemoryImageSource>(std::set<std::string>{"debian:12"});
+  auto agent = NodeAgent::start(options(), &metrics_, std::move(p));
+  ASSERT_OK(agent);
+  agent_ = std::move(*agent);
+  ASSERT_ERROR(agent_->create(params("debian:12+python:3.11")), ErrorCode::kNotFound);
+  EXPECT_EQ(agent_->sandboxCount(), 0u);
+  EXPECT_EQ(recordsOnDisk(), 0u);
+  create(params("debian:12"));
+}
+
+TEST_F(NodeCoreTest, TimeoutAndIdleTimeoutReapButAnExecInFlightKeepsASandbox) {
+  startAgent();
+  CreateParams timed = params();
+  timed.timeout = 0.2;
+  CreateParams idle = params();
+  idle.idle_timeout = 0.2;
+  std::string t = create(timed);
+  std::string i = create(idle);
+  std::string busy = create(idle);
+  auto lease = agent_->use(busy);  // an exec in flight: not idle however long it runs
+  ASSERT_OK(lease);
+  EXPECT_TRUE(eventually([&] { return !agent_->info(t).ok() && !agent_->info(i).ok(); }));
+  EXPECT_EQ(metrics_.reaped_total.load(), 2u);
+  EXPECT_EQ(info(busy)["state"], "running");
+  { auto done = std::move(*lease); }
+  EXPECT_TRUE(eventually([&] { return !agent_->info(busy).ok(); }));
+  EXPECT_EQ(recordsOnDisk(), 0u);
+}
+
+TEST_F(NodeCoreTest, ALapsedSessionPausesItsSandboxesAndUseResumesThem) {
+  startAgent();
+  ASSERT_OK(agent_->putSession("trainer", SessionSettings{60.0, 3600.0}));
+  CreateParams p = params();
+  p.session = "trainer";
+  std::string a = create(p);
+  std::string b = create(p);
+  ASSERT_OK(agent_->putSession("trainer", SessionSettings{1.0, std::nullopt}));  // the trainer stops renewing
+  ASSERT_TRUE(eventually([&] { return info(a)["paused_by"] == "lease" && info(b)["paused_by"] == "lease"; }))
+      << info(a).dump();
+  EXPECT_EQ(info(a)["state"], "paused");
+  auto attached = agent_->attachSession("trainer", std::nullopt);
+  ASSERT_OK(attached);
+  EXPECT_EQ((*attached)["sandbox_infos"].size(), 2u);
+  EXPECT_EQ(info(a)["state"], "paused");  // attach renews; the first use resumes
+  {
+    auto lease = agent_->use(a);
+    ASSERT_OK(lease);
+  }
+  EXPECT_EQ(info(a)["state"], "running");
+  EXPECT_TRUE(info(a)["paused_by"].is_null());
+  EXPECT_EQ(info(b)["state"], "paused");
+  // An idle timeout never destroys a sandbox its lapsed session paused (checked by the reaper every tick).
+}
+
+TEST_F(NodeCoreTest, ASessionLapsedForItsRetentionIsDroppedWithItsSandboxes) {
+  startAgent();
+  ASSERT_OK(agent_->putSession("gone", SessionSettings{60.0, 0.3}));
+  CreateParams p = params();
+  p.session = "gone";
+  std::string a = create(p);
+  ASSERT_OK(agent_->putSession("gone", SessionSettings{1.0, std::nullopt}));
+  EXPECT_TRUE(eventually([&] { return !agent_->info(a).ok() && !agent_->getSession("gone").ok(); }));
+  EXPECT_EQ(recordsOnDisk(), 0u);
+}
+
+TEST_F(NodeCoreTest, DeletingASessionDestroysItsSandboxes) {
+  startAgent();
+  ASSERT_OK(agent_->putSession("s", SessionSettings{}));
+  CreateParams p = params();
+  p.session = "s";
+  std::string a = create(p);
+  std::string other = create(params());
+  auto deleted = agent_->deleteSession("s");
+  ASSERT_OK(deleted);
+  EXPECT_EQ((*deleted)["destroyed"], 1);
+  ASSERT_ERROR(agent_->info(a), ErrorCode::kNotFound);
+  EXPECT_EQ(info(other)["state"], "running");
+  ASSERT_ERROR(agent_->create(p), ErrorCode::kNotFound);  // no such session any more
+}
+
+TEST_F(NodeCoreTest, ARestartedNodeReadoptsItsSandboxesAsTheyWere) {
+  startAgent();
+  CreateParams p = params();
+  p.labels = {{"k", "v"}};
+  std::string a = create(p);
+  std::string b = create(params());
+  ASSERT_OK(agent_->pause(b));
+  agent_->shutdown(false);
+  agent_.reset();
+  startAgent();
+  EXPECT_EQ(agent_->sandboxCount(), 2u);
+  EXPECT_EQ(info(a)["state"], "running");
+  EXPECT_EQ(info(a)["labels"]["k"], "v");
+  EXPECT_EQ(info(b)["state"], "paused");
+  EXPECT_EQ(info(b)["paused_by"], "user");
+}
+
+// A record written by a node before records were versioned: the API's flat sandbox info.
+TEST_F(NodeCoreTest, ARecordOfThePreviousFormatStillReadopts) {
+  ASSERT_OK(makeDirs(stateDir(), 0700));
+  json v0 = {{"id", "t1-0123456789abcdef"},
+             {"image", "debian:12"},
+             {"backend", "container"},
+             {"cpus", 1.0},
+             {"memory", 268435456},
+             {"disk", 1073741824},
+             {"pids", 1024},
+             {"timeout", 0.0},
+             {"idle_timeout", 0.0},
+             {"network", "none"},
+             {"env", {{"A", "1"}}},
+             {"labels", {{"team", "rl"}}},
+             {"session", nullptr},
+             {"qos", "batch"},
+             {"created_unix", 1764547200.5},
+             {"paused", true},
+             {"paused_by", "lease"},
+             {"backend_state", {{"backend", "simulated"}, {"id", "t1-0123456789abcdef"}, {"paused", true}}},
+             {"cpuset", nullptr}};
+  std::ofstream(stateDir() + "/t1-0123456789abcdef.json") << v0.dump();
+  startAgent();
+  json i = info("t1-0123456789abcdef");
+  EXPECT_EQ(i["state"], "paused") << i.dump();
+  EXPECT_EQ(i["paused_by"], "lease");
+  EXPECT_EQ(i["labels"]["team"], "rl");
+  EXPECT_EQ(i["env"]["A"], "1");
+  EXPECT_EQ(i["created_unix"], 1764547200.5);
+  // The next write is in the current format.
+  ASSERT_OK(agent_->resume("t1-0123456789abcdef"));
+  auto text = readFile(stateDir() + "/t1-0123456789abcdef.json");
+  ASSERT_OK(text);
+  EXPECT_EQ(json::parse(*text)["version"], kStateRecordVersion);
+}
+
+TEST_F(NodeCoreTest, UnreadableAndNewerRecordsAreReapedNotGuessedAt) {
+  ASSERT_OK(makeDirs(stateDir(), 0700));
+  std::ofstream(stateDir() + "/t1-aaaa.json") << "{not json";
+  std::ofstream(stateDir() + "/t1-bbbb.json") << json{{"version", kStateRecordVersion + 1}, {"id", "t1-bbbb"}}.dump();
+  std::ofstream(stateDir() + "/t1-cccc.json")
+      << json{{"version", 1}, {"id", "t1-other"}, {"created_unix", 1.0}, {"params", {{"image", "debian:12"}}}}.dump();
+  startAgent();
+  EXPECT_EQ(agent_->sandboxCount(), 0u);
+  EXPECT_EQ(recordsOnDisk(), 0u);
+}
+
+TEST(StateRecord, RoundTripsEveryField) {
+  SandboxStateRecord r;
+  r.id = "n1-00ff";
+  r.params.image = "debian:12+python:3.11";
+  r.params.layers = *fs3::parseImageRef(r.params.image);
+  r.params.cpus = 1.5;
+  r.params.memory_bytes = 123;
+  r.params.timeout = 9;
+  r.params.env = {{"K", "V"}};
+  r.params.session = "s1";
+  r.params.qos = backends::CpuQos::kLatency;
+  r.params.network = backends::NetworkMode::kNone;
+  r.created_unix = 42.25;
+  r.paused_by = PausedBy::kDensity;
+  r.backend_state = {{"pid", 7}};
+  r.cpuset = "2-3";
+  auto back = decodeStateRecord(encodeStateRecord(r));
+  ASSERT_OK(back);
+  EXPECT_EQ(back->id, r.id);
+  EXPECT_EQ(back->params.image, r.params.image);
+  EXPECT_EQ(back->params.layers.size(), 2u);
+  EXPECT_EQ(back->params.cpus, 1.5);
+  EXPECT_EQ(back->params.memory_bytes, 123);
+  EXPECT_EQ(back->params.timeout, 9);
+  EXPECT_EQ(back->params.env, r.params.env);
+  EXPECT_EQ(back->params.session, "s1");
+  EXPECT_EQ(back->params.qos, backends::CpuQos::kLatency);
+  EXPECT_EQ(back->created_unix, 42.25);
+  EXPECT_EQ(back->paused_by, PausedBy::kDensity);
+  EXPECT_EQ(back->backend_state["pid"], 7);
+  EXPECT_EQ(back->cpuset, "2-3");
+  ASSERT_ERROR(decodeStateRecord("[]"), ErrorCode::kInvalidArgument);
+  ASSERT_ERROR(decodeStateRecord(R"({"version": 1, "id": "x"})"), ErrorCode::kInvalidArgument);
+}
+
+TEST(PausedBy, NamesRoundTrip) {
+  for (PausedBy by : {PausedBy::kUser, PausedBy::kLease, PausedBy::kDensity}) {
+    EXPECT_EQ(parsePausedBy(pausedByName(by)), by);
+  }
+  EXPECT_EQ(pausedByName(PausedBy::kNone), "");
+  EXPECT_EQ(parsePausedBy("something new"), PausedBy::kUser);
+}
+
+}  // namespace
+}  // namespace dsec::launcher
