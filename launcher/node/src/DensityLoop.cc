@@ -44,11 +44,11 @@ void DensityLoop::Ticket::commit() {
   loop_ = nullptr;
 }
 
-DensityLoop::DensityLoop(NodeAgent* agent, const placement::DensityConfig& config, int64_t memory_capacity_bytes,
+DensityLoop::DensityLoop(DensityHost* host, const placement::DensityConfig& config, int64_t memory_capacity_bytes,
                          double interval_seconds, const std::string& cgroup_parent)
-    : agent_(agent),
+    : host_(host),
       config_(config),
-      capacity_(memory_capacity_bytes > 0 ? memory_capacity_bytes : agent->nodeMemoryBytes()),
+      capacity_(memory_capacity_bytes > 0 ? memory_capacity_bytes : host->nodeMemoryBytes()),
       capacity_overridden_(memory_capacity_bytes > 0),
       cpus_(static_cast<double>(std::max<long>(1, sysconf(_SC_NPROCESSORS_ONLN)))),
       interval_(interval_seconds > 0 ? interval_seconds : 1.0),
@@ -98,7 +98,7 @@ Result<DensityLoop::Ticket> DensityLoop::admit(const CreateParams& params) {
   std::string why = placement::checkAdmission(decision_, st, {params.memory_bytes, params.cpus});
   if (!why.empty()) {
     ++refusals_total_;
-    return Error(ErrorCode::kResourceExhausted, "node " + agent_->options().node_name + " cannot admit it: " + why);
+    return Error(ErrorCode::kResourceExhausted, "node " + host_->nodeName() + " cannot admit it: " + why);
   }
   pending_memory_ += params.memory_bytes;
   pending_cpus_ += params.cpus;
@@ -107,23 +107,54 @@ Result<DensityLoop::Ticket> DensityLoop::admit(const CreateParams& params) {
 
 void DensityLoop::tick() {
   double now = monotonicSeconds();
-  std::vector<std::shared_ptr<SandboxRecord>> recs;
   placement::NodeSample s;
   s.t = now;
   s.memory_capacity_bytes = capacity_;
   s.cpu_capacity = cpus_;
-  {
-    std::lock_guard lock(agent_->mu_);
-    for (const auto& [id, rec] : agent_->sandboxes_) {
-      recs.push_back(rec);
-      s.memory_committed_bytes += rec->params.memory_bytes;
-      s.cpu_committed += rec->params.cpus;
-    }
-    // Under the registry's lock: a create inserted after this sum commits its ticket after the reset.
+  auto recs = host_->sampleRegistry([&](int64_t memory, double cpus) {
+    s.memory_committed_bytes = memory;
+    s.cpu_committed = cpus;
     std::lock_guard loop_lock(mu_);
-    committed_memory_ = s.memory_committed_bytes;
-    committed_cpus_ = s.cpu_committed;
+    committed_memory_ = memory;
+    committed_cpus_ = cpus;
+  });
+  std::string mem_psi;
+  sampleNode(now, &s, &mem_psi);
+  std::map<std::string, std::pair<int64_t, int64_t>> fresh;  // id -> memory, oom kills
+  std::vector<placement::SandboxView> views = viewSandboxes(recs, now, &fresh);
+
+  std::vector<std::pair<std::string, int64_t>> ooms;  // id, kills now
+  std::vector<placement::DensityAction> actions;
+  {
+    std::lock_guard lock(mu_);
+    psi_source_ = mem_psi;
+    for (auto& v : views) {
+      auto& per = per_sandbox_[v.id];
+      auto it = fresh.find(v.id);
+      if (it != fresh.end()) {
+        per.memory_bytes = it->second.first;
+        if (it->second.second > per.oom_seen) {
+          ooms.emplace_back(v.id, it->second.second);
+          per.oom_seen = it->second.second;
+        }
+      }
+      v.memory_bytes = per.memory_bytes;
+    }
+    decision_ = controller_.step(s, views);
+    last_sample_ = s;
+    actions = decision_.actions;
   }
+  for (const auto& [id, kills] : ooms) reportOomKill(id, kills);
+  std::map<std::string, std::shared_ptr<SandboxRecord>> by_id;
+  for (const auto& rec : recs) by_id[rec->id] = rec;
+  for (const auto& a : actions) {
+    auto it = by_id.find(a.sandbox_id);
+    execute(a, it == by_id.end() ? nullptr : it->second);
+  }
+}
+
+void DensityLoop::sampleNode(double now, placement::NodeSample* sample, std::string* memory_psi_source) {
+  placement::NodeSample& s = *sample;
   auto parent = readParentCgroupStats(paths_);
   // Memory in use: with a configured capacity, what the sandboxes hold (their parent cgroup's working set);
   // else the node's own view (MemTotal - MemAvailable: everything, reclaimable cache excluded).
@@ -152,17 +183,18 @@ void DensityLoop::tick() {
     s.memory_full_avg10 = psi->full.avg10;
   }
   if (auto psi = readPsi(cpu_psi); psi.ok()) s.cpu_some_avg10 = psi->some.avg10;
+  *memory_psi_source = mem_psi;
+}
 
-  // The sandboxes' view: idleness from the registry, memory and OOM kills from their cgroups (round robin).
+std::vector<placement::SandboxView> DensityLoop::viewSandboxes(
+    const std::vector<std::shared_ptr<SandboxRecord>>& recs, double now,
+    std::map<std::string, std::pair<int64_t, int64_t>>* fresh) {
   std::vector<placement::SandboxView> views;
   views.reserve(recs.size());
-  std::vector<std::pair<std::string, int64_t>> ooms;  // id, kills now
-  double now_wall = wallSeconds();
   size_t n = recs.size(), budget = std::min(n, kStatsPerTick);
   size_t first = n ? scan_cursor_ % n : 0;
-  std::map<std::string, std::pair<int64_t, int64_t>> fresh;  // id -> memory, oom kills
   for (size_t k = 0; k < n; ++k) {
-    auto& rec = recs[k];
+    const auto& rec = recs[k];
     std::unique_lock rec_lock(rec->mu, std::try_to_lock);
     if (!rec_lock.owns_lock() || rec->destroyed || !rec->sandbox) continue;
     placement::SandboxView v;
@@ -177,53 +209,29 @@ void DensityLoop::tick() {
     v.session = rec->params.session;
     bool scan = (k + n - first) % n < budget;
     if (scan) {
-      if (auto u = rec->sandbox->usage(); u.ok()) fresh[rec->id] = {u->memory_bytes, u->oom_kills};
+      if (auto u = rec->sandbox->usage(); u.ok()) (*fresh)[rec->id] = {u->memory_bytes, u->oom_kills};
     }
     views.push_back(std::move(v));
   }
   scan_cursor_ = n ? (first + budget) % n : 0;
+  return views;
+}
 
-  std::vector<placement::DensityAction> actions;
-  {
-    std::lock_guard lock(mu_);
-    psi_source_ = mem_psi;
-    for (auto& v : views) {
-      auto& per = per_sandbox_[v.id];
-      auto it = fresh.find(v.id);
-      if (it != fresh.end()) {
-        per.memory_bytes = it->second.first;
-        if (it->second.second > per.oom_seen) {
-          ooms.emplace_back(v.id, it->second.second);
-          per.oom_seen = it->second.second;
-        }
-      }
-      v.memory_bytes = per.memory_bytes;
-    }
-    decision_ = controller_.step(s, views);
-    last_sample_ = s;
-    actions = decision_.actions;
-  }
-  for (const auto& [id, kills] : ooms) {
-    std::shared_ptr<SandboxRecord> rec = agent_->find(id);
-    int64_t limit = rec ? rec->params.memory_bytes : 0;
-    DSEC_LOG(kWarn, kLog) << "sandbox " << id << " had a process OOM-killed (" << kills << " in total, limit "
-                          << formatBytes(limit) << ")";
-    addEvent(id, json{{"type", "oom_kill"},
-                      {"unix", now_wall},
-                      {"time", rfc3339(now_wall)},
-                      {"oom_kills", kills},
-                      {"message",
-                       "a process was killed by the kernel's OOM killer: the sandbox reached its memory limit of " +
-                           std::to_string(limit) + " bytes"}});
-    std::lock_guard lock(mu_);
-    ++oom_events_total_;
-  }
-  std::map<std::string, std::shared_ptr<SandboxRecord>> by_id;
-  for (const auto& rec : recs) by_id[rec->id] = rec;
-  for (const auto& a : actions) {
-    auto it = by_id.find(a.sandbox_id);
-    execute(a, it == by_id.end() ? nullptr : it->second);
-  }
+void DensityLoop::reportOomKill(const std::string& id, int64_t kills) {
+  double now_wall = wallSeconds();
+  std::shared_ptr<SandboxRecord> rec = host_->findRecord(id);
+  int64_t limit = rec ? rec->params.memory_bytes : 0;
+  DSEC_LOG(kWarn, kLog) << "sandbox " << id << " had a process OOM-killed (" << kills << " in total, limit "
+                        << formatBytes(limit) << ")";
+  addEvent(id, json{{"type", "oom_kill"},
+                    {"unix", now_wall},
+                    {"time", rfc3339(now_wall)},
+                    {"oom_kills", kills},
+                    {"message",
+                     "a process was killed by the kernel's OOM killer: the sandbox reached its memory limit of " +
+                         std::to_string(limit) + " bytes"}});
+  std::lock_guard lock(mu_);
+  ++oom_events_total_;
 }
 
 void DensityLoop::execute(const placement::DensityAction& a, const std::shared_ptr<SandboxRecord>& rec) {
@@ -256,7 +264,7 @@ void DensityLoop::execute(const placement::DensityAction& a, const std::shared_p
           break;
         }
         rec->paused_by = PausedBy::kDensity;
-        if (auto st = agent_->persist(*rec); !st.ok()) {
+        if (auto st = host_->saveRecord(*rec); !st.ok()) {
           DSEC_LOG(kWarn, kLog) << "persisting " << rec->id << ": " << st.error().toString();
         }
         // Frozen processes cannot touch their pages, so what the kernel pushes out now stays out until resume.
@@ -270,7 +278,7 @@ void DensityLoop::execute(const placement::DensityAction& a, const std::shared_p
           break;
         }
         rec->paused_by = PausedBy::kNone;
-        if (auto st = agent_->persist(*rec); !st.ok()) {
+        if (auto st = host_->saveRecord(*rec); !st.ok()) {
           DSEC_LOG(kWarn, kLog) << "persisting " << rec->id << ": " << st.error().toString();
         }
         done = true;

@@ -116,7 +116,7 @@ Result<std::unique_ptr<NodeAgent>> NodeAgent::start(const NodeOptions& options, 
   if (agent->backend_) agent->adoptAll();
   agent->loadSessions();
   agent->startFncall();  // after adoptAll: leftover fncall workers of an earlier agent are reaped by then
-  agent->density_ = std::make_unique<DensityLoop>(agent.get(), agent->options_.density, options.memory_capacity_bytes,
+  agent->density_ = std::make_unique<DensityLoop>(static_cast<DensityHost*>(agent.get()), agent->options_.density, options.memory_capacity_bytes,
                                                   options.density_interval_seconds, agent->cgroup_parent_);
   agent->density_->start();
   agent->reaper_ = std::thread([a = agent.get()] { a->reaperLoop(); });
@@ -182,6 +182,22 @@ void NodeAgent::removeEmptyCgroupParent() {
   for (const auto& h : *hierarchies) {
     if (h.name[0] != '.') (void)::rmdir(("/sys/fs/cgroup/" + h.name + "/" + parent).c_str());
   }
+}
+
+std::vector<std::shared_ptr<SandboxRecord>> NodeAgent::sampleRegistry(
+    const std::function<void(int64_t memory, double cpus)>& with_sums) {
+  std::vector<std::shared_ptr<SandboxRecord>> recs;
+  int64_t memory = 0;
+  double cpus = 0;
+  std::lock_guard lock(mu_);
+  recs.reserve(sandboxes_.size());
+  for (const auto& [id, rec] : sandboxes_) {
+    recs.push_back(rec);
+    memory += rec->params.memory_bytes;
+    cpus += rec->params.cpus;
+  }
+  with_sums(memory, cpus);
+  return recs;
 }
 
 size_t NodeAgent::sandboxCount() {

@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -23,9 +24,23 @@
 
 namespace dsec::launcher {
 
-class NodeAgent;
 struct SandboxRecord;
 struct CreateParams;
+
+// What the density loop needs of the node it runs on (the node agent implements it).
+class DensityHost {
+ public:
+  virtual ~DensityHost() = default;
+  // Every live record. `with_sums` gets the records' committed memory and CPUs while the registry cannot
+  // change, so that the loop's books and the registry agree (a create that lands later commits its ticket).
+  virtual std::vector<std::shared_ptr<SandboxRecord>> sampleRegistry(
+      const std::function<void(int64_t memory, double cpus)>& with_sums) = 0;
+  virtual std::shared_ptr<SandboxRecord> findRecord(const std::string& id) = 0;
+  // Saves a record after the loop paused or resumed its sandbox (the caller holds the record's mutex).
+  virtual Status saveRecord(SandboxRecord& record) = 0;
+  virtual const std::string& nodeName() const = 0;
+  virtual int64_t nodeMemoryBytes() const = 0;
+};
 
 class DensityLoop {
  public:
@@ -48,7 +63,7 @@ class DensityLoop {
     double cpus_;
   };
 
-  DensityLoop(NodeAgent* agent, const placement::DensityConfig& config, int64_t memory_capacity_bytes,
+  DensityLoop(DensityHost* host, const placement::DensityConfig& config, int64_t memory_capacity_bytes,
               double interval_seconds, const std::string& cgroup_parent);
   ~DensityLoop();
   DensityLoop(const DensityLoop&) = delete;
@@ -81,11 +96,18 @@ class DensityLoop {
     std::deque<nlohmann::json> events;
   };
   void run();
+  // The node's memory, CPU and pressure (tick's first half); `committed` fields are filled by the caller.
+  void sampleNode(double now, placement::NodeSample* sample, std::string* memory_psi_source);
+  // The sandboxes' idleness and state; usage of a round-robin share of them into `fresh` (id -> memory, kills).
+  std::vector<placement::SandboxView> viewSandboxes(const std::vector<std::shared_ptr<SandboxRecord>>& recs,
+                                                    double now,
+                                                    std::map<std::string, std::pair<int64_t, int64_t>>* fresh);
+  void reportOomKill(const std::string& id, int64_t kills);
   void execute(const placement::DensityAction& action, const std::shared_ptr<SandboxRecord>& rec);
   void addEvent(const std::string& id, nlohmann::json event);
   void logAction(const placement::DensityAction& action);
 
-  NodeAgent* agent_;
+  DensityHost* host_;
   placement::DensityConfig config_;
   int64_t capacity_;
   bool capacity_overridden_;

@@ -13,6 +13,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -28,6 +29,7 @@
 #include "dsec/launcher/node/NodeFncall.h"
 #include "dsec/launcher/node/NodeParts.h"
 #include "dsec/launcher/node/CreateParams.h"
+#include "dsec/launcher/node/DensityLoop.h"
 #include "dsec/launcher/node/Sessions.h"
 #include "dsec/launcher/node/StateRecord.h"
 #include "dsec/placement/DensityController.h"
@@ -59,7 +61,6 @@ struct NodeOptions {
   bool user_namespaces = true;
 };
 
-class DensityLoop;
 class CpuAllocator;
 
 // "dsec" for /var/lib/dsec, else "dsec-<8 hex of a hash of the root path>".
@@ -99,7 +100,7 @@ class SandboxLease {
   std::shared_ptr<SandboxRecord> record_;
 };
 
-class NodeAgent {
+class NodeAgent : private DensityHost {
  public:
   // Over the parts options ask for (makeNodeParts), or over given ones.
   static Result<std::unique_ptr<NodeAgent>> start(const NodeOptions& options, Metrics* metrics);
@@ -136,7 +137,7 @@ class NodeAgent {
 
   const NodeOptions& options() const { return options_; }
   Metrics& metrics() { return *metrics_; }
-  int64_t nodeMemoryBytes() const { return node_memory_bytes_; }
+  int64_t nodeMemoryBytes() const override { return node_memory_bytes_; }
   // Why the container backend cannot create sandboxes here ("" when it can).
   const std::string& unavailableReason() const { return unavailable_reason_; }
   size_t sandboxCount();
@@ -145,7 +146,12 @@ class NodeAgent {
   const std::string& fncallUnavailableReason() const { return fncall_unavailable_; }
 
  private:
-  friend class DensityLoop;  // samples the registry, pauses/resumes with paused_by kDensity
+  // DensityHost: what the density loop samples and saves.
+  std::vector<std::shared_ptr<SandboxRecord>> sampleRegistry(
+      const std::function<void(int64_t memory, double cpus)>& with_sums) override;
+  std::shared_ptr<SandboxRecord> findRecord(const std::string& id) override { return find(id); }
+  Status saveRecord(SandboxRecord& record) override { return persist(record); }
+  const std::string& nodeName() const override { return options_.node_name; }
   NodeAgent(const NodeOptions& options, Metrics* metrics, NodeParts parts);
   void checkBackend();
   void adoptAll();
