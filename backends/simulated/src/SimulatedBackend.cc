@@ -20,9 +20,7 @@ class SimulatedSandbox : public Sandbox {
   std::string backendName() const override { return kSimulatedBackendName; }
 
   Result<ExecResult> exec(const ExecRequest&) override { return simulatedError(spec_.id, "exec"); }
-  Result<ExecResult> execStream(const ExecRequest&, ExecSink&) override {
-    return simulatedError(spec_.id, "exec");
-  }
+  Result<ExecResult> execStream(const ExecRequest&, ExecSink&) override { return simulatedError(spec_.id, "exec"); }
   bool supportsStdinFd() const override { return false; }
   Result<LongRunningProcess> spawn(const ExecRequest&) override {
     return simulatedError(spec_.id, "processes to spawn");
@@ -32,23 +30,19 @@ class SimulatedSandbox : public Sandbox {
   Result<UniqueFd> openForRead(const std::string&) override { return simulatedError(spec_.id, "files"); }
   Result<UniqueFd> openForWrite(const std::string&, uint32_t) override { return simulatedError(spec_.id, "files"); }
   Result<FileStat> stat(const std::string&) override { return simulatedError(spec_.id, "files"); }
-  Result<std::vector<FileStat>> listDir(const std::string&) override {
-    return simulatedError(spec_.id, "files");
-  }
+  Result<std::vector<FileStat>> listDir(const std::string&) override { return simulatedError(spec_.id, "files"); }
   Status remove(const std::string&, bool) override { return simulatedError(spec_.id, "files"); }
 
   Status pause() override {
     auto expected = SandboxState::kRunning;
-    if (!state_.compare_exchange_strong(expected, SandboxState::kPaused) &&
-        expected == SandboxState::kStopped) {
+    if (!state_.compare_exchange_strong(expected, SandboxState::kPaused) && expected == SandboxState::kStopped) {
       return Error(ErrorCode::kConflict, "sandbox " + spec_.id + " was destroyed");
     }
     return okStatus();
   }
   Status resume() override {
     auto expected = SandboxState::kPaused;
-    if (!state_.compare_exchange_strong(expected, SandboxState::kRunning) &&
-        expected == SandboxState::kStopped) {
+    if (!state_.compare_exchange_strong(expected, SandboxState::kRunning) && expected == SandboxState::kStopped) {
       return Error(ErrorCode::kConflict, "sandbox " + spec_.id + " was destroyed");
     }
     return okStatus();

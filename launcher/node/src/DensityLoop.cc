@@ -223,13 +223,13 @@ void DensityLoop::reportOomKill(const std::string& id, int64_t kills) {
   int64_t limit = rec ? rec->params.memory_bytes : 0;
   DSEC_LOG(kWarn, kLog) << "sandbox " << id << " had a process OOM-killed (" << kills << " in total, limit "
                         << formatBytes(limit) << ")";
-  addEvent(id, json{{"type", "oom_kill"},
-                    {"unix", now_wall},
-                    {"time", rfc3339(now_wall)},
-                    {"oom_kills", kills},
-                    {"message",
-                     "a process was killed by the kernel's OOM killer: the sandbox reached its memory limit of " +
-                         std::to_string(limit) + " bytes"}});
+  addEvent(
+      id, json{{"type", "oom_kill"},
+               {"unix", now_wall},
+               {"time", rfc3339(now_wall)},
+               {"oom_kills", kills},
+               {"message", "a process was killed by the kernel's OOM killer: the sandbox reached its memory limit of " +
+                               std::to_string(limit) + " bytes"}});
   std::lock_guard lock(mu_);
   ++oom_events_total_;
 }

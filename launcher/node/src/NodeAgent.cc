@@ -116,8 +116,9 @@ Result<std::unique_ptr<NodeAgent>> NodeAgent::start(const NodeOptions& options, 
   if (agent->backend_) agent->adoptAll();
   agent->loadSessions();
   agent->startFncall();  // after adoptAll: leftover fncall workers of an earlier agent are reaped by then
-  agent->density_ = std::make_unique<DensityLoop>(static_cast<DensityHost*>(agent.get()), agent->options_.density, options.memory_capacity_bytes,
-                                                  options.density_interval_seconds, agent->cgroup_parent_);
+  agent->density_ = std::make_unique<DensityLoop>(static_cast<DensityHost*>(agent.get()), agent->options_.density,
+                                                  options.memory_capacity_bytes, options.density_interval_seconds,
+                                                  agent->cgroup_parent_);
   agent->density_->start();
   agent->reaper_ = std::thread([a = agent.get()] { a->reaperLoop(); });
   return agent;
@@ -223,6 +224,23 @@ Status NodeAgent::persist(SandboxRecord& rec) {
   return state_->save(record);
 }
 
+backends::SandboxSpec NodeAgent::sandboxSpec(const SandboxRecord& rec, const CpuReservation& cores) const {
+  const CreateParams& params = rec.params;
+  backends::SandboxSpec spec;
+  spec.id = rec.id;
+  spec.image = params.image;
+  if (rec.mount) spec.lower_dirs = rec.mount->dirs();
+  spec.memory_bytes = params.memory_bytes;
+  spec.cpus = params.cpus;
+  spec.pids = params.pids;
+  spec.disk_bytes = params.disk_bytes;
+  spec.env = params.env;
+  spec.network = params.network;
+  spec.qos = params.qos;
+  cores.applyTo(spec);
+  return spec;
+}
+
 Result<json> NodeAgent::create(const CreateParams& params) {
   double t0 = monotonicSeconds();
   if (!backend_ || !unavailable_reason_.empty()) {
@@ -274,19 +292,7 @@ Result<json> NodeAgent::create(const CreateParams& params) {
   if (!mount.ok()) return fail(mount.error().wrap("mounting image " + params.image));
   rec->mount = std::move(*mount);
 
-  backends::SandboxSpec spec;
-  spec.id = rec->id;
-  spec.image = params.image;
-  if (rec->mount) spec.lower_dirs = rec->mount->dirs();
-  spec.memory_bytes = params.memory_bytes;
-  spec.cpus = params.cpus;
-  spec.pids = params.pids;
-  spec.disk_bytes = params.disk_bytes;
-  spec.env = params.env;
-  spec.network = params.network;
-  spec.qos = params.qos;
-  cores->applyTo(spec);
-  auto sandbox = backend_->create(spec);
+  auto sandbox = backend_->create(sandboxSpec(*rec, *cores));
   if (!sandbox.ok()) {
     DSEC_LOG(kWarn, kLog) << "create " << rec->id << " failed: " << sandbox.error().toString();
     return fail(sandbox.error().wrap("creating sandbox " + rec->id));
@@ -304,11 +310,7 @@ Result<json> NodeAgent::create(const CreateParams& params) {
       return fail(st.error());
     }
   }
-  json info;
-  {
-    std::lock_guard rec_lock(rec->mu);
-    info = infoLocked(*rec);
-  }
+  json info = infoOf(*rec);
   {
     std::lock_guard lock(mu_);
     sandboxes_[rec->id] = rec;
@@ -332,8 +334,8 @@ json NodeAgent::infoLocked(SandboxRecord& rec) {
   j["created_unix"] = rec.created_unix;
   j["last_active_unix"] = rec.last_active_unix.load();
   bool paused = rec.sandbox->state() == backends::SandboxState::kPaused;
-  j["paused_by"] = paused ? json(pausedByName(rec.paused_by == PausedBy::kNone ? PausedBy::kUser : rec.paused_by))
-                         : json(nullptr);
+  j["paused_by"] =
+      paused ? json(pausedByName(rec.paused_by == PausedBy::kNone ? PausedBy::kUser : rec.paused_by)) : json(nullptr);
   json usage = {{"memory_bytes", 0}, {"pids", 0}, {"cpu_usec", 0}, {"oom_kills", 0}};
   if (auto u = rec.sandbox->usage(); u.ok()) {
     usage = {
@@ -343,6 +345,11 @@ json NodeAgent::infoLocked(SandboxRecord& rec) {
   if (cpu_) cpu_->annotate(rec.id, p.qos, &j);  // "qos", "cpuset", "cpuset_mems"
   if (density_) density_->annotate(rec, &j);
   return j;
+}
+
+json NodeAgent::infoOf(SandboxRecord& rec) {
+  std::lock_guard rec_lock(rec.mu);
+  return infoLocked(rec);
 }
 
 Result<json> NodeAgent::info(const std::string& id) {
@@ -387,7 +394,8 @@ Status NodeAgent::destroy(const std::string& id, const std::string& reason) {
     std::lock_guard lock(mu_);
     sandboxes_.erase(id);
   }
-  if (auto st = state_->remove(id); !st.ok()) DSEC_LOG(kWarn, kLog) << "removing the record of " << st.error().toString();
+  if (auto st = state_->remove(id); !st.ok())
+    DSEC_LOG(kWarn, kLog) << "removing the record of " << st.error().toString();
   if (!rec->params.session.empty()) sessions_->removeSandbox(rec->params.session, id);
   if (density_) density_->forget(id);
   if (cpu_) cpu_->release(id);
@@ -438,7 +446,8 @@ Result<SandboxLease> NodeAgent::use(const std::string& id) {
   if (state == backends::SandboxState::kPaused) {
     // Transparent resume, also of a sandbox paused because its session's lease lapsed.
     DSEC_TRY(rec->sandbox->resume());
-    if (rec->paused_by == PausedBy::kLease) DSEC_LOG(kInfo, kLog) << "resumed " << id << " (paused by its session's lease)";
+    if (rec->paused_by == PausedBy::kLease)
+      DSEC_LOG(kInfo, kLog) << "resumed " << id << " (paused by its session's lease)";
     rec->paused_by = PausedBy::kNone;
     if (auto st = persist(*rec); !st.ok())
       DSEC_LOG(kWarn, kLog) << "persisting " << id << ": " << st.error().toString();
@@ -448,96 +457,6 @@ Result<SandboxLease> NodeAgent::use(const std::string& id) {
   rec->active.fetch_add(1);
   rec->touch();
   return SandboxLease(rec);
-}
-
-void NodeAgent::adoptAll() {
-  auto stored = state_->loadAll();
-  if (!stored.ok()) {
-    DSEC_LOG(kWarn, kLog) << "reading the sandboxes' records: " << stored.error().toString();
-    return;
-  }
-  int adopted = 0, reaped = 0;
-  for (auto& entry : *stored) {
-    if (adoptOne(entry)) {
-      ++adopted;
-    } else {
-      ++reaped;
-    }
-  }
-  reaped += reapLeftovers();
-  if (auto st = images_->releaseUnused(); !st.ok()) {
-    DSEC_LOG(kWarn, kLog) << "unmounting unused layers: " << st.error().toString();
-  }
-  if (adopted || reaped) DSEC_LOG(kInfo, kLog) << "re-adopted " << adopted << " sandbox(es), reaped " << reaped;
-}
-
-bool NodeAgent::adoptOne(StoredState& entry) {
-  const std::string& id = entry.id;
-  std::string why;
-  std::unique_ptr<fs3::ImageMount> mount;
-  std::unique_ptr<backends::Sandbox> sandbox;
-  if (!entry.record.ok()) {
-    why = entry.record.error().message();
-  } else if (auto m = images_->acquire(entry.record->params.layers); !m.ok()) {
-    why = m.error().toString();
-  } else if (auto sb = backend_->adopt(entry.record->backend_state); !sb.ok()) {
-    why = sb.error().toString();
-  } else {
-    mount = std::move(*m);
-    sandbox = std::move(*sb);
-  }
-  if (!sandbox) {
-    DSEC_LOG(kInfo, kLog) << "cannot adopt " << id << " (" << why << "), reaping it";
-    if (!entry.backend_state.empty()) {
-      if (auto st = backend_->reap(entry.backend_state); !st.ok()) {
-        DSEC_LOG(kWarn, kLog) << "reaping " << id << ": " << st.error().toString();
-      }
-    }
-    (void)state_->remove(id);
-    return false;
-  }
-  SandboxStateRecord& record = *entry.record;
-  auto rec = std::make_shared<SandboxRecord>();
-  rec->id = id;
-  rec->params = std::move(record.params);
-  rec->created_unix = record.created_unix > 0 ? record.created_unix : wallSeconds();
-  rec->touch();
-  rec->mount = std::move(mount);
-  rec->sandbox = std::move(sandbox);
-  if (rec->sandbox->state() == backends::SandboxState::kPaused) {
-    rec->paused_by = record.paused_by == PausedBy::kNone ? PausedBy::kUser : record.paused_by;
-  }
-  {
-    std::lock_guard lock(mu_);
-    sandboxes_[id] = rec;
-  }
-  if (auto st = cpu_->readopt(id, rec->params.qos, rec->params.cpus, record.cpuset); !st.ok()) {
-    DSEC_LOG(kWarn, kLog) << "re-adopted " << id << " without its cores: " << st.error().toString();
-  }
-  return true;
-}
-
-int NodeAgent::reapLeftovers() {
-  std::set<std::string> known;
-  {
-    std::lock_guard lock(mu_);
-    for (const auto& [id, rec] : sandboxes_) known.insert(id);
-  }
-  auto leftovers = backend_->listLeftovers();
-  if (!leftovers.ok()) {
-    DSEC_LOG(kWarn, kLog) << "listing leftovers: " << leftovers.error().toString();
-    return 0;
-  }
-  int reaped = 0;
-  for (const auto& id : *leftovers) {
-    if (known.count(id)) continue;
-    DSEC_LOG(kInfo, kLog) << "reaping leftover sandbox " << id;
-    if (auto st = backend_->reapLeftover(id); !st.ok()) {
-      DSEC_LOG(kWarn, kLog) << "reaping leftover " << id << ": " << st.error().toString();
-    }
-    ++reaped;
-  }
-  return reaped;
 }
 
 void NodeAgent::reaperLoop() {
@@ -550,115 +469,6 @@ void NodeAgent::reaperLoop() {
     reapExpired();
     lock.lock();
   }
-}
-
-void NodeAgent::loadSessions() {
-  if (auto st = sessions_->load(); !st.ok()) {
-    DSEC_LOG(kWarn, kLog) << "loading sessions: " << st.error().toString();
-  }
-  // Without a backend nothing was adopted, and reconciling would empty every session: keep them as they are.
-  if (!backend_) return;
-  std::map<std::string, std::string> members;
-  {
-    std::lock_guard lock(mu_);
-    for (const auto& [id, rec] : sandboxes_) {
-      if (!rec->params.session.empty()) members[id] = rec->params.session;
-    }
-  }
-  sessions_->reconcile(members, wallSeconds());
-}
-
-void NodeAgent::pauseForLease(const std::string& id, const std::string& session) {
-  auto rec = find(id);
-  if (!rec) return;
-  std::lock_guard lock(rec->mu);
-  if (rec->destroyed) return;
-  if (rec->sandbox->state() == backends::SandboxState::kRunning) {
-    if (auto st = rec->sandbox->pause(); !st.ok()) {
-      DSEC_LOG(kWarn, kLog) << "pausing " << id << " (session " << session << " lapsed): " << st.error().toString();
-      return;
-    }
-    rec->paused_by = PausedBy::kLease;
-    if (auto st = persist(*rec); !st.ok())
-      DSEC_LOG(kWarn, kLog) << "persisting " << id << ": " << st.error().toString();
-  }
-  if (rec->sandbox->state() != backends::SandboxState::kPaused) return;
-  // Frozen processes cannot touch their pages, so what the kernel pushes out now stays out until resume.
-  if (auto st = rec->sandbox->reclaimMemory(); !st.ok()) {
-    DSEC_LOG(kDebug, kLog) << "reclaiming memory of " << id << ": " << st.error().toString();
-  }
-}
-
-void NodeAgent::reapSessions() {
-  auto due = sessions_->tick(wallSeconds());
-  for (const auto& [name, ids] : due.lapsed) {
-    for (const auto& id : ids) pauseForLease(id, name);
-  }
-  for (const auto& [name, ids] : due.expired) {
-    // The session goes first, so that once any of its sandboxes is seen gone the session is too, and no
-    // attach can renew a session whose sandboxes are being destroyed. A crash in between is safe: a restart
-    // finds the remaining sandboxes without a session file and restores the session lapsed.
-    sessions_->erase(name);
-    int destroyed = 0;
-    for (const auto& id : ids) {
-      if (destroy(id, "retention of session " + name + " passed").ok()) {
-        ++destroyed;
-        metrics_->reaped_total++;
-      }
-    }
-    DSEC_LOG(kInfo, kLog) << "session " << name << " dropped: lapsed for its whole retention, destroyed " << destroyed
-                          << " sandbox(es)";
-  }
-}
-
-Result<json> NodeAgent::putSession(const std::string& name, const SessionSettings& settings) {
-  DSEC_ASSIGN_OR_RETURN(Session s, sessions_->put(name, settings, wallSeconds()));
-  return s.toJson();
-}
-
-Result<json> NodeAgent::getSession(const std::string& name) {
-  DSEC_ASSIGN_OR_RETURN(Session s, sessions_->get(name));
-  return s.toJson();
-}
-
-json NodeAgent::listSessions() {
-  json out = json::array();
-  for (const auto& s : sessions_->list()) out.push_back(s.toJson());
-  return json{{"sessions", out}};
-}
-
-Result<json> NodeAgent::attachSession(const std::string& name, std::optional<double> lease) {
-  DSEC_ASSIGN_OR_RETURN(Session s, sessions_->renew(name, lease, wallSeconds()));
-  json out = s.toJson();
-  json infos = json::array();
-  // Sandboxes stay paused: the first exec or file request to each resumes it.
-  for (const auto& id : s.sandboxes) {
-    if (auto i = info(id); i.ok()) infos.push_back(std::move(*i));
-  }
-  out["sandbox_infos"] = std::move(infos);
-  return out;
-}
-
-Result<json> NodeAgent::deleteSession(const std::string& name) {
-  DSEC_ASSIGN_OR_RETURN(auto ids, sessions_->beginDelete(name));
-  int destroyed = 0;
-  std::optional<Error> failure;
-  for (const auto& id : ids) {
-    auto st = destroy(id, "session " + name + " deleted");
-    if (st.ok()) {
-      ++destroyed;
-    } else if (st.error().code() != ErrorCode::kNotFound && !failure) {
-      failure = st.error();
-    }
-  }
-  if (failure) {
-    // Keep the session (with what is left of it) so the delete can be retried.
-    sessions_->cancelDelete(name);
-    return failure->wrap("deleting session " + name);
-  }
-  sessions_->erase(name);
-  DSEC_LOG(kInfo, kLog) << "session " << name << " deleted with " << destroyed << " sandbox(es)";
-  return json{{"name", name}, {"destroyed", destroyed}};
 }
 
 bool NodeAgent::pausedByLease(SandboxRecord& rec) {

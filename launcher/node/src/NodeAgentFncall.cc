@@ -1,4 +1,5 @@
-// The node agent's part of the fncall backend: starting it over the agent's image source and container backend, and what /v1/node says about it. Kept apart from NodeAgent.cc, which only calls in here.
+// The node agent's part of the fncall backend: starting it over the agent's image source and container backend, and
+// what /v1/node says about it. Kept apart from NodeAgent.cc, which only calls in here.
 #include "dsec/common/Logging.h"
 #include "dsec/launcher/node/NodeAgent.h"
 

@@ -59,7 +59,7 @@ Result<std::unique_ptr<NodeFncall>> NodeFncall::start(const FncallOptions& optio
   service_options.max_workers = options.max_workers;
   service_options.queue_wait_seconds = options.queue_wait_seconds;
   auto factory = [images, backend](const std::string& image,
-                                           const SandboxSpec& spec) -> Result<std::unique_ptr<Sandbox>> {
+                                   const SandboxSpec& spec) -> Result<std::unique_ptr<Sandbox>> {
     DSEC_ASSIGN_OR_RETURN(auto layers, fs3::parseImageRef(image));
     DSEC_TRY(images->check(layers));
     auto mount = images->acquire(layers);

@@ -8,10 +8,10 @@
 #include <functional>
 #include <thread>
 
-#include "dsec/testing/TestSupport.h"
 #include "dsec/common/Strings.h"
 #include "dsec/launcher/node/NodeAgent.h"
 #include "dsec/launcher/node/NodeParts.h"
+#include "dsec/testing/TestSupport.h"
 
 namespace dsec::launcher {
 namespace {

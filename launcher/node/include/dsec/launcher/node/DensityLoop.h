@@ -99,8 +99,7 @@ class DensityLoop {
   // The node's memory, CPU and pressure (tick's first half); `committed` fields are filled by the caller.
   void sampleNode(double now, placement::NodeSample* sample, std::string* memory_psi_source);
   // The sandboxes' idleness and state; usage of a round-robin share of them into `fresh` (id -> memory, kills).
-  std::vector<placement::SandboxView> viewSandboxes(const std::vector<std::shared_ptr<SandboxRecord>>& recs,
-                                                    double now,
+  std::vector<placement::SandboxView> viewSandboxes(const std::vector<std::shared_ptr<SandboxRecord>>& recs, double now,
                                                     std::map<std::string, std::pair<int64_t, int64_t>>* fresh);
   void reportOomKill(const std::string& id, int64_t kills);
   void execute(const placement::DensityAction& action, const std::shared_ptr<SandboxRecord>& rec);

@@ -25,11 +25,11 @@
 #include "dsec/backends/Sandbox.h"
 #include "dsec/common/Result.h"
 #include "dsec/fs3/LayerMounter.h"
+#include "dsec/launcher/node/CreateParams.h"
+#include "dsec/launcher/node/DensityLoop.h"
 #include "dsec/launcher/node/Metrics.h"
 #include "dsec/launcher/node/NodeFncall.h"
 #include "dsec/launcher/node/NodeParts.h"
-#include "dsec/launcher/node/CreateParams.h"
-#include "dsec/launcher/node/DensityLoop.h"
 #include "dsec/launcher/node/Sessions.h"
 #include "dsec/launcher/node/StateRecord.h"
 #include "dsec/placement/DensityController.h"
@@ -62,6 +62,7 @@ struct NodeOptions {
 };
 
 class CpuAllocator;
+class CpuReservation;
 
 // "dsec" for /var/lib/dsec, else "dsec-<8 hex of a hash of the root path>".
 std::string cgroupParentForRoot(const std::string& root);
@@ -168,6 +169,8 @@ class NodeAgent : private DensityHost {
   std::shared_ptr<SandboxRecord> find(const std::string& id);
   Status persist(SandboxRecord& record);
   nlohmann::json infoLocked(SandboxRecord& record);
+  nlohmann::json infoOf(SandboxRecord& record);  // takes the record's mutex
+  backends::SandboxSpec sandboxSpec(const SandboxRecord& record, const CpuReservation& cores) const;
 
   NodeOptions options_;
   Metrics* metrics_;

@@ -37,8 +37,7 @@ class NodeFncall {
  public:
   // images and backend must outlive the result (the node agent owns all three).
   static Result<std::unique_ptr<NodeFncall>> start(const FncallOptions& options, const std::string& node_name,
-                                                   ImageSource* images,
-                                                   backends::Backend* backend);
+                                                   ImageSource* images, backends::Backend* backend);
   ~NodeFncall();
   NodeFncall(const NodeFncall&) = delete;
   NodeFncall& operator=(const NodeFncall&) = delete;

@@ -31,7 +31,7 @@ struct SandboxStateRecord {
   std::string id;
   CreateParams params;
   double created_unix = 0;
-  PausedBy paused_by = PausedBy::kNone;  // kNone: running when written
+  PausedBy paused_by = PausedBy::kNone;                     // kNone: running when written
   nlohmann::json backend_state = nlohmann::json::object();  // the backend's persistentState(), opaque here
   std::string cpuset;  // a latency sandbox's dedicated cores, to book again ("" none)
 };

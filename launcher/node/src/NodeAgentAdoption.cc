@@ -1,0 +1,103 @@
+// The node agent at start-up: re-adopting the sandboxes its records name and reaping what no record accounts for.
+#include <set>
+
+#include "dsec/common/Logging.h"
+#include "dsec/launcher/node/CpuAllocator.h"
+#include "dsec/launcher/node/NodeAgent.h"
+
+namespace dsec::launcher {
+namespace {
+constexpr const char* kLog = "node";
+}  // namespace
+
+void NodeAgent::adoptAll() {
+  auto stored = state_->loadAll();
+  if (!stored.ok()) {
+    DSEC_LOG(kWarn, kLog) << "reading the sandboxes' records: " << stored.error().toString();
+    return;
+  }
+  int adopted = 0, reaped = 0;
+  for (auto& entry : *stored) {
+    if (adoptOne(entry)) {
+      ++adopted;
+    } else {
+      ++reaped;
+    }
+  }
+  reaped += reapLeftovers();
+  if (auto st = images_->releaseUnused(); !st.ok()) {
+    DSEC_LOG(kWarn, kLog) << "unmounting unused layers: " << st.error().toString();
+  }
+  if (adopted || reaped) DSEC_LOG(kInfo, kLog) << "re-adopted " << adopted << " sandbox(es), reaped " << reaped;
+}
+
+bool NodeAgent::adoptOne(StoredState& entry) {
+  const std::string& id = entry.id;
+  std::string why;
+  std::unique_ptr<fs3::ImageMount> mount;
+  std::unique_ptr<backends::Sandbox> sandbox;
+  if (!entry.record.ok()) {
+    why = entry.record.error().message();
+  } else if (auto m = images_->acquire(entry.record->params.layers); !m.ok()) {
+    why = m.error().toString();
+  } else if (auto sb = backend_->adopt(entry.record->backend_state); !sb.ok()) {
+    why = sb.error().toString();
+  } else {
+    mount = std::move(*m);
+    sandbox = std::move(*sb);
+  }
+  if (!sandbox) {
+    DSEC_LOG(kInfo, kLog) << "cannot adopt " << id << " (" << why << "), reaping it";
+    if (!entry.backend_state.empty()) {
+      if (auto st = backend_->reap(entry.backend_state); !st.ok()) {
+        DSEC_LOG(kWarn, kLog) << "reaping " << id << ": " << st.error().toString();
+      }
+    }
+    (void)state_->remove(id);
+    return false;
+  }
+  SandboxStateRecord& record = *entry.record;
+  auto rec = std::make_shared<SandboxRecord>();
+  rec->id = id;
+  rec->params = std::move(record.params);
+  rec->created_unix = record.created_unix > 0 ? record.created_unix : wallSeconds();
+  rec->touch();
+  rec->mount = std::move(mount);
+  rec->sandbox = std::move(sandbox);
+  if (rec->sandbox->state() == backends::SandboxState::kPaused) {
+    rec->paused_by = record.paused_by == PausedBy::kNone ? PausedBy::kUser : record.paused_by;
+  }
+  {
+    std::lock_guard lock(mu_);
+    sandboxes_[id] = rec;
+  }
+  if (auto st = cpu_->readopt(id, rec->params.qos, rec->params.cpus, record.cpuset); !st.ok()) {
+    DSEC_LOG(kWarn, kLog) << "re-adopted " << id << " without its cores: " << st.error().toString();
+  }
+  return true;
+}
+
+int NodeAgent::reapLeftovers() {
+  std::set<std::string> known;
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& [id, rec] : sandboxes_) known.insert(id);
+  }
+  auto leftovers = backend_->listLeftovers();
+  if (!leftovers.ok()) {
+    DSEC_LOG(kWarn, kLog) << "listing leftovers: " << leftovers.error().toString();
+    return 0;
+  }
+  int reaped = 0;
+  for (const auto& id : *leftovers) {
+    if (known.count(id)) continue;
+    DSEC_LOG(kInfo, kLog) << "reaping leftover sandbox " << id;
+    if (auto st = backend_->reapLeftover(id); !st.ok()) {
+      DSEC_LOG(kWarn, kLog) << "reaping leftover " << id << ": " << st.error().toString();
+    }
+    ++reaped;
+  }
+  return reaped;
+}
+
+}  // namespace dsec::launcher

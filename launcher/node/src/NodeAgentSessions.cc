@@ -1,0 +1,122 @@
+// The node agent's sessions: loading and reconciling them, pausing the sandboxes of a lapsed one, dropping one
+// whose retention passed, and the session operations of the API.
+#include "dsec/common/Logging.h"
+#include "dsec/launcher/node/CpuAllocator.h"
+#include "dsec/launcher/node/NodeAgent.h"
+
+namespace dsec::launcher {
+namespace {
+using nlohmann::json;
+constexpr const char* kLog = "node";
+}  // namespace
+
+void NodeAgent::loadSessions() {
+  if (auto st = sessions_->load(); !st.ok()) {
+    DSEC_LOG(kWarn, kLog) << "loading sessions: " << st.error().toString();
+  }
+  // Without a backend nothing was adopted, and reconciling would empty every session: keep them as they are.
+  if (!backend_) return;
+  std::map<std::string, std::string> members;
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& [id, rec] : sandboxes_) {
+      if (!rec->params.session.empty()) members[id] = rec->params.session;
+    }
+  }
+  sessions_->reconcile(members, wallSeconds());
+}
+
+void NodeAgent::pauseForLease(const std::string& id, const std::string& session) {
+  auto rec = find(id);
+  if (!rec) return;
+  std::lock_guard lock(rec->mu);
+  if (rec->destroyed) return;
+  if (rec->sandbox->state() == backends::SandboxState::kRunning) {
+    if (auto st = rec->sandbox->pause(); !st.ok()) {
+      DSEC_LOG(kWarn, kLog) << "pausing " << id << " (session " << session << " lapsed): " << st.error().toString();
+      return;
+    }
+    rec->paused_by = PausedBy::kLease;
+    if (auto st = persist(*rec); !st.ok())
+      DSEC_LOG(kWarn, kLog) << "persisting " << id << ": " << st.error().toString();
+  }
+  if (rec->sandbox->state() != backends::SandboxState::kPaused) return;
+  // Frozen processes cannot touch their pages, so what the kernel pushes out now stays out until resume.
+  if (auto st = rec->sandbox->reclaimMemory(); !st.ok()) {
+    DSEC_LOG(kDebug, kLog) << "reclaiming memory of " << id << ": " << st.error().toString();
+  }
+}
+
+void NodeAgent::reapSessions() {
+  auto due = sessions_->tick(wallSeconds());
+  for (const auto& [name, ids] : due.lapsed) {
+    for (const auto& id : ids) pauseForLease(id, name);
+  }
+  for (const auto& [name, ids] : due.expired) {
+    // The session goes first, so that once any of its sandboxes is seen gone the session is too, and no
+    // attach can renew a session whose sandboxes are being destroyed. A crash in between is safe: a restart
+    // finds the remaining sandboxes without a session file and restores the session lapsed.
+    sessions_->erase(name);
+    int destroyed = 0;
+    for (const auto& id : ids) {
+      if (destroy(id, "retention of session " + name + " passed").ok()) {
+        ++destroyed;
+        metrics_->reaped_total++;
+      }
+    }
+    DSEC_LOG(kInfo, kLog) << "session " << name << " dropped: lapsed for its whole retention, destroyed " << destroyed
+                          << " sandbox(es)";
+  }
+}
+
+Result<json> NodeAgent::putSession(const std::string& name, const SessionSettings& settings) {
+  DSEC_ASSIGN_OR_RETURN(Session s, sessions_->put(name, settings, wallSeconds()));
+  return s.toJson();
+}
+
+Result<json> NodeAgent::getSession(const std::string& name) {
+  DSEC_ASSIGN_OR_RETURN(Session s, sessions_->get(name));
+  return s.toJson();
+}
+
+json NodeAgent::listSessions() {
+  json out = json::array();
+  for (const auto& s : sessions_->list()) out.push_back(s.toJson());
+  return json{{"sessions", out}};
+}
+
+Result<json> NodeAgent::attachSession(const std::string& name, std::optional<double> lease) {
+  DSEC_ASSIGN_OR_RETURN(Session s, sessions_->renew(name, lease, wallSeconds()));
+  json out = s.toJson();
+  json infos = json::array();
+  // Sandboxes stay paused: the first exec or file request to each resumes it.
+  for (const auto& id : s.sandboxes) {
+    if (auto i = info(id); i.ok()) infos.push_back(std::move(*i));
+  }
+  out["sandbox_infos"] = std::move(infos);
+  return out;
+}
+
+Result<json> NodeAgent::deleteSession(const std::string& name) {
+  DSEC_ASSIGN_OR_RETURN(auto ids, sessions_->beginDelete(name));
+  int destroyed = 0;
+  std::optional<Error> failure;
+  for (const auto& id : ids) {
+    auto st = destroy(id, "session " + name + " deleted");
+    if (st.ok()) {
+      ++destroyed;
+    } else if (st.error().code() != ErrorCode::kNotFound && !failure) {
+      failure = st.error();
+    }
+  }
+  if (failure) {
+    // Keep the session (with what is left of it) so the delete can be retried.
+    sessions_->cancelDelete(name);
+    return failure->wrap("deleting session " + name);
+  }
+  sessions_->erase(name);
+  DSEC_LOG(kInfo, kLog) << "session " << name << " deleted with " << destroyed << " sandbox(es)";
+  return json{{"name", name}, {"destroyed", destroyed}};
+}
+
+}  // namespace dsec::launcher
