@@ -32,37 +32,41 @@ std::string describeCommand(const std::vector<std::string>& argv) {
   return out;
 }
 
-}  // namespace
-
-Result<CommandResult> runCommand(const std::vector<std::string>& argv, const CommandOptions& options) {
-  if (argv.empty()) return Error::invalid("empty command");
-  int pipefd[2];
-  if (::pipe2(pipefd, O_CLOEXEC) != 0) return Error::sys(errno, "pipe");
-  UniqueFd read_end(pipefd[0]);
-  UniqueFd write_end(pipefd[1]);
-
-  // Everything the child needs is prepared here: posix_spawn runs it without touching our heap.
-  std::vector<std::string> env_storage;
+// The caller's environment with options.extra_env replacing or adding variables.
+std::vector<std::string> childEnvironment(const CommandOptions& options) {
+  std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
     std::string entry = *e;
     auto eq = entry.find('=');
     if (eq != std::string::npos && options.extra_env.count(entry.substr(0, eq)) != 0) continue;
-    env_storage.push_back(std::move(entry));
+    env.push_back(std::move(entry));
   }
-  for (const auto& [k, v] : options.extra_env) env_storage.push_back(k + "=" + v);
-  std::vector<char*> envp;
-  for (auto& e : env_storage) envp.push_back(e.data());
-  envp.push_back(nullptr);
+  for (const auto& [k, v] : options.extra_env) env.push_back(k + "=" + v);
+  return env;
+}
+
+// A null-terminated array of pointers into `strings` (which must outlive it), as exec takes them.
+std::vector<char*> cStringArray(std::vector<std::string>& strings) {
+  std::vector<char*> out;
+  for (auto& s : strings) out.push_back(s.data());
+  out.push_back(nullptr);
+  return out;
+}
+
+// Starts argv (looked up on PATH) with stdin /dev/null and stdout and stderr on out_fd, in a process group of
+// its own, with no signal blocked or ignored.
+Result<pid_t> spawnCapturing(const std::vector<std::string>& argv, const CommandOptions& options, int out_fd) {
+  // Everything the child needs is prepared here: posix_spawn runs it without touching our heap.
+  std::vector<std::string> env_storage = childEnvironment(options);
+  std::vector<char*> envp = cStringArray(env_storage);
   std::vector<std::string> argv_storage = argv;
-  std::vector<char*> cargv;
-  for (auto& a : argv_storage) cargv.push_back(a.data());
-  cargv.push_back(nullptr);
+  std::vector<char*> cargv = cStringArray(argv_storage);
 
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_adddup2(&actions, write_end.get(), STDOUT_FILENO);
-  posix_spawn_file_actions_adddup2(&actions, write_end.get(), STDERR_FILENO);
+  posix_spawn_file_actions_adddup2(&actions, out_fd, STDOUT_FILENO);
+  posix_spawn_file_actions_adddup2(&actions, out_fd, STDERR_FILENO);
   if (!options.cwd.empty()) posix_spawn_file_actions_addchdir_np(&actions, options.cwd.c_str());
   posix_spawnattr_t attr;
   posix_spawnattr_init(&attr);
@@ -79,10 +83,12 @@ Result<CommandResult> runCommand(const std::vector<std::string>& argv, const Com
   posix_spawn_file_actions_destroy(&actions);
   posix_spawnattr_destroy(&attr);
   if (rc != 0) return Error::sys(rc, "starting " + describeCommand(argv));
-  write_end.reset();
+  return pid;
+}
 
-  CommandResult result;
-  double deadline = options.timeout_seconds > 0 ? monotonicSeconds() + options.timeout_seconds : 0;
+// Reads fd until EOF, keeping the last kOutputCap bytes in *output; at the deadline (0: none) kills the
+// process group `pid` leads and returns true (timed out).
+bool collectOutput(int fd, pid_t pid, double deadline, std::string* output) {
   bool timed_out = false;
   char buf[65536];
   while (true) {
@@ -96,17 +102,34 @@ Result<CommandResult> runCommand(const std::vector<std::string>& argv, const Com
       }
       wait_ms = static_cast<int>(left * 1000) + 1;
     }
-    struct pollfd pfd = {read_end.get(), POLLIN, 0};
+    struct pollfd pfd = {fd, POLLIN, 0};
     int n = ::poll(&pfd, 1, wait_ms);
     if (n < 0 && errno != EINTR) break;
     if (n <= 0) continue;
-    ssize_t got = ::read(read_end.get(), buf, sizeof(buf));
+    ssize_t got = ::read(fd, buf, sizeof(buf));
     if (got < 0 && errno == EINTR) continue;
     if (got <= 0) break;
-    result.output.append(buf, static_cast<size_t>(got));
-    if (result.output.size() > 2 * kOutputCap) result.output.erase(0, result.output.size() - kOutputCap);
+    output->append(buf, static_cast<size_t>(got));
+    if (output->size() > 2 * kOutputCap) output->erase(0, output->size() - kOutputCap);
   }
-  if (result.output.size() > kOutputCap) result.output.erase(0, result.output.size() - kOutputCap);
+  if (output->size() > kOutputCap) output->erase(0, output->size() - kOutputCap);
+  return timed_out;
+}
+
+}  // namespace
+
+Result<CommandResult> runCommand(const std::vector<std::string>& argv, const CommandOptions& options) {
+  if (argv.empty()) return Error::invalid("empty command");
+  int pipefd[2];
+  if (::pipe2(pipefd, O_CLOEXEC) != 0) return Error::sys(errno, "pipe");
+  UniqueFd read_end(pipefd[0]);
+  UniqueFd write_end(pipefd[1]);
+  DSEC_ASSIGN_OR_RETURN(pid_t pid, spawnCapturing(argv, options, write_end.get()));
+  write_end.reset();
+
+  CommandResult result;
+  double deadline = options.timeout_seconds > 0 ? monotonicSeconds() + options.timeout_seconds : 0;
+  const bool timed_out = collectOutput(read_end.get(), pid, deadline, &result.output);
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }

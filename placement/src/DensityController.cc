@@ -198,7 +198,34 @@ DensityDecision DensityController::step(const NodeSample& s, const std::vector<S
     return d;
   }
   moveRatios(s);
+  trackSandboxes(sandboxes);
 
+  std::vector<const SandboxView*> candidates;
+  for (const auto& v : sandboxes) {
+    if (!v.busy) candidates.push_back(&v);
+  }
+  std::sort(candidates.begin(), candidates.end(), lowerPriorityFirst);
+
+  // Level >= 1: reclaim the idle first (cheap and invisible to them).
+  if (level >= 1) addReclaims(s, candidates, reason);
+  // Level >= 2: stop admitting (once, on the way up).
+  if (level >= 2 && before < 2) d.actions.push_back({DensityActionKind::kStopAdmitting, "", reason});
+  // Level 3: pause the lowest-priority idle sandboxes, only while the signals themselves are that high (not
+  // while the level is merely held on the way down).
+  if (level >= 3 && raw_level_ >= 3) addPauses(candidates, reason);
+  // Release in reverse: below level 3 resume what we paused (last paused first), below 2 reopen admission.
+  if (level < 3) {
+    for (int n = 0; n < c.max_resumes_per_tick && !paused_order_.empty(); ++n) {
+      d.actions.push_back({DensityActionKind::kResume, paused_order_.back(), "pressure fell"});
+      paused_order_.pop_back();
+    }
+  }
+  if (level < 2 && before >= 2) d.actions.push_back({DensityActionKind::kReopenAdmission, "", "pressure fell"});
+  d.admitting = level < 2;
+  return d;
+}
+
+void DensityController::trackSandboxes(const std::vector<SandboxView>& sandboxes) {
   // Forget sandboxes that are gone, and pauses someone else undid (a request resumed it, or the user did).
   std::set<std::string> present, still_ours;
   for (const auto& v : sandboxes) {
@@ -213,52 +240,35 @@ DensityDecision DensityController::step(const NodeSample& s, const std::vector<S
     // Paused by density in an earlier agent's life: ours to resume too.
     if (std::find(paused_order_.begin(), paused_order_.end(), id) == paused_order_.end()) paused_order_.push_back(id);
   }
+}
 
-  std::vector<const SandboxView*> candidates;
-  for (const auto& v : sandboxes) {
-    if (!v.busy) candidates.push_back(&v);
+void DensityController::addReclaims(const NodeSample& s, const std::vector<const SandboxView*>& candidates,
+                                    const std::string& reason) {
+  const DensityConfig& c = config_;
+  int n = 0;
+  for (const SandboxView* v : candidates) {
+    if (n >= c.max_reclaims_per_tick) break;
+    if (v->idle_seconds < c.reclaim_min_idle_seconds) continue;
+    auto it = reclaimed_at_.find(v->id);
+    if (it != reclaimed_at_.end() && s.t - it->second < c.reclaim_again_seconds) continue;
+    reclaimed_at_[v->id] = s.t;
+    current_.actions.push_back({DensityActionKind::kReclaim, v->id, fmt("idle %.0f s; ", v->idle_seconds) + reason});
+    ++n;
   }
-  std::sort(candidates.begin(), candidates.end(), lowerPriorityFirst);
+}
 
-  // Level >= 1: reclaim the idle first (cheap and invisible to them).
-  if (level >= 1) {
-    int n = 0;
-    for (const SandboxView* v : candidates) {
-      if (n >= c.max_reclaims_per_tick) break;
-      if (v->idle_seconds < c.reclaim_min_idle_seconds) continue;
-      auto it = reclaimed_at_.find(v->id);
-      if (it != reclaimed_at_.end() && s.t - it->second < c.reclaim_again_seconds) continue;
-      reclaimed_at_[v->id] = s.t;
-      d.actions.push_back({DensityActionKind::kReclaim, v->id, fmt("idle %.0f s; ", v->idle_seconds) + reason});
-      ++n;
-    }
+void DensityController::addPauses(const std::vector<const SandboxView*>& candidates, const std::string& reason) {
+  const DensityConfig& c = config_;
+  int n = 0;
+  for (const SandboxView* v : candidates) {
+    if (n >= c.max_pauses_per_tick) break;
+    if (v->paused || v->idle_seconds < c.pause_min_idle_seconds) continue;
+    current_.actions.push_back(
+        {DensityActionKind::kPause, v->id,
+         std::string(v->latency ? "latency" : "batch") + fmt(", idle %.0f s; ", v->idle_seconds) + reason});
+    paused_order_.push_back(v->id);
+    ++n;
   }
-  // Level >= 2: stop admitting (once, on the way up).
-  if (level >= 2 && before < 2) d.actions.push_back({DensityActionKind::kStopAdmitting, "", reason});
-  // Level 3: pause the lowest-priority idle sandboxes, only while the signals themselves are that high (not
-  // while the level is merely held on the way down).
-  if (level >= 3 && raw_level_ >= 3) {
-    int n = 0;
-    for (const SandboxView* v : candidates) {
-      if (n >= c.max_pauses_per_tick) break;
-      if (v->paused || v->idle_seconds < c.pause_min_idle_seconds) continue;
-      d.actions.push_back(
-          {DensityActionKind::kPause, v->id,
-           std::string(v->latency ? "latency" : "batch") + fmt(", idle %.0f s; ", v->idle_seconds) + reason});
-      paused_order_.push_back(v->id);
-      ++n;
-    }
-  }
-  // Release in reverse: below level 3 resume what we paused (last paused first), below 2 reopen admission.
-  if (level < 3) {
-    for (int n = 0; n < c.max_resumes_per_tick && !paused_order_.empty(); ++n) {
-      d.actions.push_back({DensityActionKind::kResume, paused_order_.back(), "pressure fell"});
-      paused_order_.pop_back();
-    }
-  }
-  if (level < 2 && before >= 2) d.actions.push_back({DensityActionKind::kReopenAdmission, "", "pressure fell"});
-  d.admitting = level < 2;
-  return d;
 }
 
 }  // namespace dsec::placement

@@ -110,7 +110,6 @@ Result<Placement> NodePlacer::place(const SandboxRequest& request) {
 
 Result<Placement> NodePlacer::placeLatency(const SandboxRequest& request, int& numa_out) {
   const auto& cores = model_.cores();
-  const auto& domains = model_.numaDomains();
   // Whole cores: sharing a core's SMT siblings with anyone else is the jitter latency sandboxes pay to avoid
   // (and there is no core scheduling to make siblings safe).
   int smt = std::max(1, model_.puCount() / static_cast<int>(cores.size()));
@@ -122,60 +121,9 @@ Result<Placement> NodePlacer::placeLatency(const SandboxRequest& request, int& n
                      std::to_string(free_total) + " cores are free and " + std::to_string(options_.min_shared_cores) +
                      " must stay shared for batch sandboxes");
   }
-  auto freeIn = [&](const std::vector<int>& list) {
-    int n = 0;
-    for (int c : list) n += core_taken_[c] ? 0 : 1;
-    return n;
-  };
-  int best = -1;
-  bool best_l3_fit = false;
-  double best_load = 0;
-  std::string per_domain;
-  for (const auto& domain : domains) {
-    int free = freeIn(domain.cores);
-    per_domain += (per_domain.empty() ? "" : ", ") + std::to_string(domain.os_index) + ":" + std::to_string(free);
-    if (free < needed) continue;
-    if (domain.memory_bytes > 0 &&
-        numa_latency_memory_[domain.index] + request.memory_bytes >
-            static_cast<int64_t>(static_cast<double>(domain.memory_bytes) * options_.memory_overcommit)) {
-      continue;
-    }
-    bool l3_fit = false;
-    for (int g : domain.l3_groups) l3_fit = l3_fit || freeIn(model_.l3Groups()[g].cores) >= needed;
-    // Prefer a domain where the sandbox fits in one L3 group, then the least dedicated one (spreads memory
-    // bandwidth and leaves room in every domain).
-    double load = static_cast<double>(numa_dedicated_[domain.index]) / static_cast<double>(domain.cores.size());
-    if (best < 0 || (l3_fit && !best_l3_fit) || (l3_fit == best_l3_fit && load < best_load)) {
-      best = domain.index;
-      best_l3_fit = l3_fit;
-      best_load = load;
-    }
-  }
-  if (best < 0) {
-    return Error(ErrorCode::kResourceExhausted, "no NUMA domain has " + std::to_string(needed) +
-                                                    " free cores (and room for " + formatBytes(request.memory_bytes) +
-                                                    ") for latency sandbox " + request.id +
-                                                    "; free cores per domain: " + per_domain);
-  }
-  const NumaDomain& domain = domains[best];
-  // Best fit among L3 groups that can hold it all; otherwise fill from the emptiest groups to span few.
-  std::vector<std::pair<int, int>> groups;  // (free, group)
-  for (int g : domain.l3_groups) groups.emplace_back(freeIn(model_.l3Groups()[g].cores), g);
-  std::sort(groups.begin(), groups.end(), [&](auto a, auto b) {
-    bool a_fit = a.first >= needed;
-    bool b_fit = b.first >= needed;
-    if (a_fit != b_fit) return a_fit;
-    return a_fit ? a.first < b.first : a.first > b.first;
-  });
-  std::vector<int> chosen;
-  for (auto [free, g] : groups) {
-    for (int c : model_.l3Groups()[g].cores) {
-      if (static_cast<int>(chosen.size()) == needed) break;
-      if (!core_taken_[c]) chosen.push_back(c);
-    }
-    if (static_cast<int>(chosen.size()) == needed) break;
-  }
-  std::sort(chosen.begin(), chosen.end());
+  DSEC_ASSIGN_OR_RETURN(int best, latencyDomainLocked(request, needed));
+  const NumaDomain& domain = model_.numaDomains()[best];
+  std::vector<int> chosen = freeCoresOfDomainLocked(domain, needed);
   for (int c : chosen) core_taken_[c] = true;
   dedicated_ += needed;
   numa_dedicated_[best] += needed;
@@ -192,6 +140,68 @@ Result<Placement> NodePlacer::placeLatency(const SandboxRequest& request, int& n
   p.sched_policy = SCHED_OTHER;
   p.cpu_weight = options_.latency_cpu_weight;
   return p;
+}
+
+int NodePlacer::freeCoresInLocked(const std::vector<int>& list) const {
+  int n = 0;
+  for (int c : list) n += core_taken_[c] ? 0 : 1;
+  return n;
+}
+
+Result<int> NodePlacer::latencyDomainLocked(const SandboxRequest& request, int needed) const {
+  int best = -1;
+  bool best_l3_fit = false;
+  double best_load = 0;
+  std::string per_domain;
+  for (const auto& domain : model_.numaDomains()) {
+    int free = freeCoresInLocked(domain.cores);
+    per_domain += (per_domain.empty() ? "" : ", ") + std::to_string(domain.os_index) + ":" + std::to_string(free);
+    if (free < needed) continue;
+    if (domain.memory_bytes > 0 &&
+        numa_latency_memory_[domain.index] + request.memory_bytes >
+            static_cast<int64_t>(static_cast<double>(domain.memory_bytes) * options_.memory_overcommit)) {
+      continue;
+    }
+    bool l3_fit = false;
+    for (int g : domain.l3_groups) l3_fit = l3_fit || freeCoresInLocked(model_.l3Groups()[g].cores) >= needed;
+    // Prefer a domain where the sandbox fits in one L3 group, then the least dedicated one (spreads memory
+    // bandwidth and leaves room in every domain).
+    double load = static_cast<double>(numa_dedicated_[domain.index]) / static_cast<double>(domain.cores.size());
+    if (best < 0 || (l3_fit && !best_l3_fit) || (l3_fit == best_l3_fit && load < best_load)) {
+      best = domain.index;
+      best_l3_fit = l3_fit;
+      best_load = load;
+    }
+  }
+  if (best < 0) {
+    return Error(ErrorCode::kResourceExhausted, "no NUMA domain has " + std::to_string(needed) +
+                                                    " free cores (and room for " + formatBytes(request.memory_bytes) +
+                                                    ") for latency sandbox " + request.id +
+                                                    "; free cores per domain: " + per_domain);
+  }
+  return best;
+}
+
+std::vector<int> NodePlacer::freeCoresOfDomainLocked(const NumaDomain& domain, int needed) const {
+  // Best fit among L3 groups that can hold it all; otherwise fill from the emptiest groups to span few.
+  std::vector<std::pair<int, int>> groups;  // (free, group)
+  for (int g : domain.l3_groups) groups.emplace_back(freeCoresInLocked(model_.l3Groups()[g].cores), g);
+  std::sort(groups.begin(), groups.end(), [&](auto a, auto b) {
+    bool a_fit = a.first >= needed;
+    bool b_fit = b.first >= needed;
+    if (a_fit != b_fit) return a_fit;
+    return a_fit ? a.first < b.first : a.first > b.first;
+  });
+  std::vector<int> chosen;
+  for (auto [free, g] : groups) {
+    for (int c : model_.l3Groups()[g].cores) {
+      if (static_cast<int>(chosen.size()) == needed) break;
+      if (!core_taken_[c]) chosen.push_back(c);
+    }
+    if (static_cast<int>(chosen.size()) == needed) break;
+  }
+  std::sort(chosen.begin(), chosen.end());
+  return chosen;
 }
 
 Status NodePlacer::applyLocked(const Placement& placement, const BindTarget& target) {

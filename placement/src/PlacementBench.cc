@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
+#include <utility>
 
 #include "dsec/common/Strings.h"
 #include "dsec/placement/NodePlacer.h"
@@ -99,27 +100,50 @@ std::unique_ptr<ClusterPlacer> makeCell(const PlacementBenchOptions& options, St
   return placer;
 }
 
+// Pass 1, the rate: decisions and confirms alone, no timers in the loop (what a gateway thread sustains).
+double decisionRate(const PlacementBenchOptions& options, Strategy strategy, const NodeSummary& node,
+                    const std::vector<Sandbox>& sandboxes, double cpu_ratio, double memory_ratio) {
+  auto cell_ptr = makeCell(options, strategy, node, cpu_ratio, memory_ratio);
+  ClusterPlacer& cell = *cell_ptr;
+  auto start = std::chrono::steady_clock::now();
+  int64_t decisions = 0;
+  for (const auto& sb : sandboxes) {
+    auto ticket = cell.place({sb.cpus, sb.memory, "container"});
+    ++decisions;
+    if (ticket.ok()) cell.confirm(*ticket, true);
+  }
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return static_cast<double>(decisions) / seconds;
+}
+
+// Spread of what the nodes themselves committed, against physical capacity.
+void recordSpread(const std::vector<std::unique_ptr<NodePlacer>>& nodes, const NodeSummary& node,
+                  StrategyResult& result) {
+  std::vector<double> util, cpu, mem;
+  for (const auto& placer : nodes) {
+    NodeUsage u = placer->usage();
+    double c = u.committed_cpus / node.pus;
+    double m =
+        node.memory_bytes > 0 ? static_cast<double>(u.committed_memory) / static_cast<double>(node.memory_bytes) : 0;
+    cpu.push_back(c);
+    mem.push_back(m);
+    util.push_back(std::max(c, m));
+  }
+  result.max_over_mean = maxOverMean(util);
+  result.cpu_max_over_mean = maxOverMean(cpu);
+  result.memory_max_over_mean = maxOverMean(mem);
+  double sum = 0;
+  for (double u : util) sum += u;
+  result.mean_utilisation = util.empty() ? 0 : sum / static_cast<double>(util.size());
+}
+
 StrategyResult runStrategy(const PlacementBenchOptions& options, Strategy strategy, const NodeModel& model,
                            const std::vector<Sandbox>& sandboxes, double cpu_ratio, double memory_ratio,
                            const Ticks& ticks) {
   StrategyResult result;
   result.strategy = strategyName(strategy);
   const NodeSummary node = model.summary();
-
-  // Pass 1, the rate: decisions and confirms alone, no timers in the loop (what a gateway thread sustains).
-  {
-    auto cell_ptr = makeCell(options, strategy, node, cpu_ratio, memory_ratio);
-    ClusterPlacer& cell = *cell_ptr;
-    auto start = std::chrono::steady_clock::now();
-    int64_t decisions = 0;
-    for (const auto& sb : sandboxes) {
-      auto ticket = cell.place({sb.cpus, sb.memory, "container"});
-      ++decisions;
-      if (ticket.ok()) cell.confirm(*ticket, true);
-    }
-    double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    result.decisions_per_second = static_cast<double>(decisions) / seconds;
-  }
+  result.decisions_per_second = decisionRate(options, strategy, node, sandboxes, cpu_ratio, memory_ratio);
 
   // Pass 2, the simulation: each decision timed, each node admitting through its own NodePlacer, rejects
   // placed again elsewhere.
@@ -167,24 +191,7 @@ StrategyResult runStrategy(const PlacementBenchOptions& options, Strategy strate
   result.end_to_end_per_second = static_cast<double>(sandboxes.size()) / seconds;
   result.p50_decision_ns = percentile(decision_ns, 50);
   result.p99_decision_ns = percentile(decision_ns, 99);
-
-  // Spread of what the nodes themselves committed, against physical capacity.
-  std::vector<double> util, cpu, mem;
-  for (const auto& placer : nodes) {
-    NodeUsage u = placer->usage();
-    double c = u.committed_cpus / node.pus;
-    double m =
-        node.memory_bytes > 0 ? static_cast<double>(u.committed_memory) / static_cast<double>(node.memory_bytes) : 0;
-    cpu.push_back(c);
-    mem.push_back(m);
-    util.push_back(std::max(c, m));
-  }
-  result.max_over_mean = maxOverMean(util);
-  result.cpu_max_over_mean = maxOverMean(cpu);
-  result.memory_max_over_mean = maxOverMean(mem);
-  double sum = 0;
-  for (double u : util) sum += u;
-  result.mean_utilisation = util.empty() ? 0 : sum / static_cast<double>(util.size());
+  recordSpread(nodes, node, result);
   return result;
 }
 
@@ -206,17 +213,14 @@ void printRow(std::ostream& out, const StrategyResult& r) {
       << std::setw(9) << r.rejected << std::setw(8) << r.node_rejects << "\n";
 }
 
-}  // namespace
+// What the cell offers and what the sandboxes ask of it in all.
+struct CellDemand {
+  double cell_pus = 0, cell_memory = 0;
+  double requested_cpus = 0, requested_memory = 0;
+};
 
-std::vector<SandboxSize> defaultSandboxMix() {
-  return {{0.70, 1, 2 * kGiB}, {0.20, 2, 4 * kGiB}, {0.08, 4, 8 * kGiB}, {0.02, 8, 16 * kGiB}};
-}
-
-Result<PlacementBenchResult> runPlacementBench(const PlacementBenchOptions& options, std::ostream& out) {
-  if (options.nodes <= 0 || options.sandboxes < 0 || options.k < 1) {
-    return Error::invalid("--nodes and --k must be >= 1 and --sandboxes >= 0");
-  }
-  std::vector<SandboxSize> mix = options.mix.empty() ? defaultSandboxMix() : options.mix;
+// The mean CPUs and memory of one sandbox of the mix; its shares must add up to 1.
+Result<std::pair<double, double>> mixMeans(const std::vector<SandboxSize>& mix) {
   double share_sum = 0, mean_cpus = 0, mean_memory = 0;
   for (const auto& size : mix) {
     share_sum += size.share;
@@ -224,49 +228,39 @@ Result<PlacementBenchResult> runPlacementBench(const PlacementBenchOptions& opti
     mean_memory += size.share * static_cast<double>(size.memory_bytes);
   }
   if (std::abs(share_sum - 1.0) > 1e-6) return Error::invalid("sandbox mix shares must add up to 1");
-  DSEC_ASSIGN_OR_RETURN(NodeModel model, NodeModel::fromSpec(options.topology));
-  PlacementBenchResult result;
-  result.node = model.summary();
+  return std::pair{mean_cpus, mean_memory};
+}
+
+void printPremise(std::ostream& out, const PlacementBenchOptions& options, const NodeModel& model,
+                  const std::vector<SandboxSize>& mix, double mean_cpus, const CellDemand& demand,
+                  const PlacementBenchResult& result) {
   const NodeSummary& node = result.node;
-  if (node.memory_bytes <= 0) {
-    return Error::invalid("topology '" + options.topology + "' gives no memory size (use [numa(memory=...)])");
-  }
-
-  // The overcommit premise, derived: a full cell must hold every sandbox's request, so the ratio is at least
-  // requested / physical, and the placer needs some headroom because no placement is perfectly even.
-  const double cell_pus = static_cast<double>(options.nodes) * node.pus;
-  const double cell_memory = static_cast<double>(options.nodes) * static_cast<double>(node.memory_bytes);
-  const double requested_cpus = static_cast<double>(options.sandboxes) * mean_cpus;
-  const double requested_memory = static_cast<double>(options.sandboxes) * mean_memory;
-  auto roundUpHalf = [](double x) { return std::max(1.0, std::ceil(x * 2.0) / 2.0); };
-  result.cpu_overcommit = options.cpu_overcommit > 0 ? options.cpu_overcommit
-                                                     : roundUpHalf(requested_cpus / cell_pus * (1 + options.headroom));
-  result.memory_overcommit = options.memory_overcommit > 0
-                                 ? options.memory_overcommit
-                                 : roundUpHalf(requested_memory / cell_memory * (1 + options.headroom));
-
   out << "cell: " << options.nodes << " nodes of " << model.source() << "\n"
       << "  per node: " << node.packages << " packages, " << node.numa_domains << " NUMA, " << node.l3_groups
       << " L3 groups, " << node.cores << " cores, " << node.pus << " PUs, " << formatBytes(node.memory_bytes) << "\n"
-      << "  cell: " << static_cast<int64_t>(cell_pus) << " PUs, " << formatBytes(static_cast<int64_t>(cell_memory))
-      << "\n";
+      << "  cell: " << static_cast<int64_t>(demand.cell_pus) << " PUs, "
+      << formatBytes(static_cast<int64_t>(demand.cell_memory)) << "\n";
   out << "mix:";
   for (const auto& size : mix)
     out << " " << size.share * 100 << "% " << size.cpus << " CPU/" << formatBytes(size.memory_bytes);
   out << "; " << options.latency_fraction * 100 << "% latency QoS (dedicated cores)\n";
   out << std::fixed << std::setprecision(2);
   out << "overcommit: " << options.sandboxes << " sandboxes x " << mean_cpus
-      << " CPUs = " << static_cast<int64_t>(requested_cpus) << " CPUs requested / " << static_cast<int64_t>(cell_pus)
-      << " PUs = " << requested_cpus / cell_pus << "x; memory " << formatBytes(static_cast<int64_t>(requested_memory))
-      << " / " << formatBytes(static_cast<int64_t>(cell_memory)) << " = " << requested_memory / cell_memory << "x\n"
+      << " CPUs = " << static_cast<int64_t>(demand.requested_cpus) << " CPUs requested / "
+      << static_cast<int64_t>(demand.cell_pus) << " PUs = " << demand.requested_cpus / demand.cell_pus << "x; memory "
+      << formatBytes(static_cast<int64_t>(demand.requested_memory)) << " / "
+      << formatBytes(static_cast<int64_t>(demand.cell_memory)) << " = " << demand.requested_memory / demand.cell_memory
+      << "x\n"
       << "  ratios used (+" << options.headroom * 100 << "% headroom, rounded up to 0.5): CPU " << result.cpu_overcommit
       << "x, memory " << result.memory_overcommit << "x"
       << "\n  (DSec: ~90% of sandboxes use <=5% of the CPU they ask for; if they use u% on average the cell is "
       << "u% x " << result.cpu_overcommit << " busy: 2% -> " << std::setprecision(0) << result.cpu_overcommit * 2
       << "%, 4% -> " << result.cpu_overcommit * 4
       << "%; the density controller lowers the ratio when that is too much)\n";
+}
 
-  // One sequence of sandboxes for every strategy, so they are compared on the same input.
+// One sequence of sandboxes for every strategy, so they are compared on the same input.
+std::vector<Sandbox> drawSandboxes(const PlacementBenchOptions& options, const std::vector<SandboxSize>& mix) {
   std::mt19937_64 rng(options.seed);
   std::uniform_real_distribution<double> uniform(0.0, 1.0);
   std::vector<Sandbox> sandboxes;
@@ -284,18 +278,10 @@ Result<PlacementBenchResult> runPlacementBench(const PlacementBenchOptions& opti
     Qos qos = uniform(rng) < options.latency_fraction ? Qos::kLatency : Qos::kBatch;
     sandboxes.push_back({pick->cpus, pick->memory_bytes, qos});
   }
+  return sandboxes;
+}
 
-  Ticks ticks;
-  result.ours = runStrategy(options, Strategy::kPowerOfK, model, sandboxes, result.cpu_overcommit,
-                            result.memory_overcommit, ticks);
-  result.ours.strategy += " (k=" + std::to_string(options.k) + ")";
-  if (options.compare) {
-    for (Strategy s : {Strategy::kRandom, Strategy::kLeastLoaded}) {
-      result.baselines.push_back(
-          runStrategy(options, s, model, sandboxes, result.cpu_overcommit, result.memory_overcommit, ticks));
-    }
-  }
-
+void printResults(std::ostream& out, const PlacementBenchResult& result) {
   out << "results (decisions/s: place+confirm alone; e2e/s: with node admission; ns per decision; spread = max/mean"
          " node utilisation):\n"
       << "  strategy           decisions/s       e2e/s      p50      p99    spread   cpu      mem      rejected"
@@ -305,7 +291,9 @@ Result<PlacementBenchResult> runPlacementBench(const PlacementBenchOptions& opti
   out << "  mean node utilisation (committed / physical, larger of CPU and memory): " << std::setprecision(2)
       << result.ours.mean_utilisation << "\n";
   out.unsetf(std::ios::floatfield);
+}
 
+std::string resultJson(const PlacementBenchOptions& options, const PlacementBenchResult& result) {
   nlohmann::json json = toJson(result.ours);
   json["strategy"] = "power-of-k";
   json["k"] = options.k;
@@ -319,7 +307,59 @@ Result<PlacementBenchResult> runPlacementBench(const PlacementBenchOptions& opti
   for (const auto& b : result.baselines)
     baselines[b.strategy == "least-loaded" ? "least_loaded" : b.strategy] = toJson(b);
   json["baselines"] = baselines;
-  result.json = json.dump();
+  return json.dump();
+}
+
+}  // namespace
+
+std::vector<SandboxSize> defaultSandboxMix() {
+  return {{0.70, 1, 2 * kGiB}, {0.20, 2, 4 * kGiB}, {0.08, 4, 8 * kGiB}, {0.02, 8, 16 * kGiB}};
+}
+
+Result<PlacementBenchResult> runPlacementBench(const PlacementBenchOptions& options, std::ostream& out) {
+  if (options.nodes <= 0 || options.sandboxes < 0 || options.k < 1) {
+    return Error::invalid("--nodes and --k must be >= 1 and --sandboxes >= 0");
+  }
+  std::vector<SandboxSize> mix = options.mix.empty() ? defaultSandboxMix() : options.mix;
+  DSEC_ASSIGN_OR_RETURN(auto means, mixMeans(mix));
+  const auto [mean_cpus, mean_memory] = means;
+  DSEC_ASSIGN_OR_RETURN(NodeModel model, NodeModel::fromSpec(options.topology));
+  PlacementBenchResult result;
+  result.node = model.summary();
+  const NodeSummary& node = result.node;
+  if (node.memory_bytes <= 0) {
+    return Error::invalid("topology '" + options.topology + "' gives no memory size (use [numa(memory=...)])");
+  }
+
+  // The overcommit premise, derived: a full cell must hold every sandbox's request, so the ratio is at least
+  // requested / physical, and the placer needs some headroom because no placement is perfectly even.
+  CellDemand demand;
+  demand.cell_pus = static_cast<double>(options.nodes) * node.pus;
+  demand.cell_memory = static_cast<double>(options.nodes) * static_cast<double>(node.memory_bytes);
+  demand.requested_cpus = static_cast<double>(options.sandboxes) * mean_cpus;
+  demand.requested_memory = static_cast<double>(options.sandboxes) * mean_memory;
+  auto roundUpHalf = [](double x) { return std::max(1.0, std::ceil(x * 2.0) / 2.0); };
+  result.cpu_overcommit = options.cpu_overcommit > 0
+                              ? options.cpu_overcommit
+                              : roundUpHalf(demand.requested_cpus / demand.cell_pus * (1 + options.headroom));
+  result.memory_overcommit = options.memory_overcommit > 0
+                                 ? options.memory_overcommit
+                                 : roundUpHalf(demand.requested_memory / demand.cell_memory * (1 + options.headroom));
+  printPremise(out, options, model, mix, mean_cpus, demand, result);
+
+  const std::vector<Sandbox> sandboxes = drawSandboxes(options, mix);
+  Ticks ticks;
+  result.ours = runStrategy(options, Strategy::kPowerOfK, model, sandboxes, result.cpu_overcommit,
+                            result.memory_overcommit, ticks);
+  result.ours.strategy += " (k=" + std::to_string(options.k) + ")";
+  if (options.compare) {
+    for (Strategy s : {Strategy::kRandom, Strategy::kLeastLoaded}) {
+      result.baselines.push_back(
+          runStrategy(options, s, model, sandboxes, result.cpu_overcommit, result.memory_overcommit, ticks));
+    }
+  }
+  printResults(out, result);
+  result.json = resultJson(options, result);
   return result;
 }
 

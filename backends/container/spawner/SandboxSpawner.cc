@@ -143,6 +143,64 @@ bool receiveStrings(Request& r) {
   _exit(127);
 }
 
+// Into the sandbox cgroup first, while still host root (the files are the host's).
+void joinCgroup(const Request& r, int status_fd) {
+  for (uint32_t i = 0; i < r.header.nprocs; ++i) {
+    if (write(r.fds[proto::kFixedFds + i], "0", 1) != 1) childFail(status_fd, proto::kStepCgroup);
+    close(r.fds[proto::kFixedFds + i]);  // host files: not held a moment longer than needed
+  }
+}
+
+// Keeps only the capabilities in keep_caps: bounding set, ambient set, and effective, permitted and inheritable.
+void dropCapabilities(uint64_t keep_caps, int status_fd) {
+  for (int cap = 0; cap <= 63; ++cap) {
+    if ((keep_caps >> cap) & 1) continue;
+    if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0) {
+      if (errno == EINVAL) break;  // past the kernel's last capability
+      childFail(status_fd, proto::kStepCaps);
+    }
+  }
+  if (prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) < 0) childFail(status_fd, proto::kStepCaps);
+  __user_cap_header_struct hdr = {_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct data[2];
+  for (int i = 0; i < 2; ++i) {
+    auto bits = static_cast<uint32_t>(keep_caps >> (32 * i));
+    data[i].effective = bits;
+    data[i].permitted = bits;
+    data[i].inheritable = bits;
+  }
+  if (syscall(SYS_capset, &hdr, data) < 0) childFail(status_fd, proto::kStepCaps);
+}
+
+// No new privileges, then the sandbox's seccomp filter (when it has one).
+void confine(int status_fd) {
+  if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) childFail(status_fd, proto::kStepNoNewPrivs);
+  if (g_bpf_len > 0) {
+    sock_fprog prog;
+    prog.len = static_cast<unsigned short>(g_bpf_len);
+    prog.filter = g_bpf;
+    if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog, 0, 0) < 0) childFail(status_fd, proto::kStepSeccomp);
+  }
+}
+
+// Execs the first candidate path that exists; the failure reported is the most telling one (EACCES over a later
+// ENOENT, as a shell's PATH search does).
+[[noreturn]] void execCandidates(int status_fd) {
+  int err = ENOENT;
+  bool denied = false;
+  for (char* const* c = g_candidates; *c != nullptr; ++c) {
+    execve(*c, g_argv, g_envp);
+    err = errno;
+    if (err == EACCES) {
+      denied = true;
+    } else if (err != ENOENT && err != ENOTDIR && err != ESTALE && err != ELOOP && err != ENAMETOOLONG) {
+      break;
+    }
+  }
+  errno = denied && (err == ENOENT || err == ENOTDIR) ? EACCES : err;
+  childFail(status_fd, proto::kStepExec);
+}
+
 // The command's side: everything between the clone and the exec.
 [[noreturn]] void runChild(const Request& r) {
   const proto::RequestHeader& h = r.header;
@@ -150,11 +208,7 @@ bool receiveStrings(Request& r) {
   const int status_fd = r.fds[4];
   close(proto::kChannelFd);                        // the agent's channel is no business of the command's
   for (const auto& own : g_own_ns) close(own.fd);  // nor are the node's namespaces
-  // Into the sandbox cgroup first, while still host root (the files are the host's).
-  for (uint32_t i = 0; i < h.nprocs; ++i) {
-    if (write(r.fds[proto::kFixedFds + i], "0", 1) != 1) childFail(status_fd, proto::kStepCgroup);
-    close(r.fds[proto::kFixedFds + i]);  // host files: not held a moment longer than needed
-  }
+  joinCgroup(r, status_fd);
   // The spawner's own OOM protection must not be inherited by sandbox workloads. (This /proc is the one the sandbox's
   // init mounted: nothing inside may mount over it.)
   int oom_fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
@@ -179,30 +233,8 @@ bool receiveStrings(Request& r) {
   // The spawner ignores SIGPIPE; every other disposition is the default (it installs no handler), and exec resets
   // handled ones anyway.
   signal(SIGPIPE, SIG_DFL);
-  for (int cap = 0; cap <= 63; ++cap) {
-    if ((h.keep_caps >> cap) & 1) continue;
-    if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0) {
-      if (errno == EINVAL) break;  // past the kernel's last capability
-      childFail(status_fd, proto::kStepCaps);
-    }
-  }
-  if (prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) < 0) childFail(status_fd, proto::kStepCaps);
-  __user_cap_header_struct hdr = {_LINUX_CAPABILITY_VERSION_3, 0};
-  __user_cap_data_struct data[2];
-  for (int i = 0; i < 2; ++i) {
-    auto bits = static_cast<uint32_t>(h.keep_caps >> (32 * i));
-    data[i].effective = bits;
-    data[i].permitted = bits;
-    data[i].inheritable = bits;
-  }
-  if (syscall(SYS_capset, &hdr, data) < 0) childFail(status_fd, proto::kStepCaps);
-  if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) childFail(status_fd, proto::kStepNoNewPrivs);
-  if (g_bpf_len > 0) {
-    sock_fprog prog;
-    prog.len = static_cast<unsigned short>(g_bpf_len);
-    prog.filter = g_bpf;
-    if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog, 0, 0) < 0) childFail(status_fd, proto::kStepSeccomp);
-  }
+  dropCapabilities(h.keep_caps, status_fd);
+  confine(status_fd);
   // Batch sandboxes: SCHED_IDLE, inherited by everything the command forks; without CAP_SYS_NICE (dropped above)
   // and with RLIMIT_NICE 0 the command cannot leave it. Set last, so the setup before exec does not wait behind
   // the node's other work.
@@ -214,19 +246,7 @@ bool receiveStrings(Request& r) {
   sigset_t none;
   sigemptyset(&none);
   sigprocmask(SIG_SETMASK, &none, nullptr);
-  int err = ENOENT;
-  bool denied = false;
-  for (char* const* c = g_candidates; *c != nullptr; ++c) {
-    execve(*c, g_argv, g_envp);
-    err = errno;
-    if (err == EACCES) {
-      denied = true;
-    } else if (err != ENOENT && err != ENOTDIR && err != ESTALE && err != ELOOP && err != ENAMETOOLONG) {
-      break;
-    }
-  }
-  errno = denied && (err == ENOENT || err == ENOTDIR) ? EACCES : err;
-  childFail(status_fd, proto::kStepExec);
+  execCandidates(status_fd);
 }
 
 // Back to our own namespaces of the kinds in flags; failing that, we would start the next command in the wrong

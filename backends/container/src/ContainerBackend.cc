@@ -123,6 +123,20 @@ Status sendConfig(int fd, const std::string& data, const std::vector<UniqueFd>& 
   return okStatus();
 }
 
+CgroupLimits sandboxLimits(const SandboxSpec& spec, bool cpu_qos) {
+  CgroupLimits limits;
+  limits.memory_bytes = spec.memory_bytes;
+  limits.cpus = spec.cpus;
+  limits.pids = spec.pids;
+  limits.cpuset_cpus = spec.cpuset_cpus;
+  limits.cpuset_mems = spec.cpuset_mems;
+  if (cpu_qos && spec.qos == CpuQos::kBatch) {
+    limits.cpu_weight = kBatchCpuWeight;
+    limits.cpu_idle = true;
+  }
+  return limits;
+}
+
 // Puts init into the sandbox cgroup (from the host: inside its user namespace it may not write the host's cgroup
 // files). On v1 these are `tasks` files: moving a single-threaded process by pid skips the global threadgroup lock.
 Status moveIntoCgroup(const Cgroup& cgroup, pid_t pid) {
@@ -133,6 +147,17 @@ Status moveIntoCgroup(const Cgroup& cgroup, pid_t pid) {
     if (write(fd.get(), value.data(), value.size()) != static_cast<ssize_t>(value.size())) {
       return Error::sys(errno, "move init into " + f);
     }
+  }
+  return okStatus();
+}
+
+// Moves init into its cgroup and gives it the sandbox's CPU scheduling policy: pooled inits start before their
+// QoS is known, so it is set now, before init runs its setup.
+Status placeInit(const SandboxSpec& spec, bool cpu_qos, const Cgroup& cgroup, pid_t pid) {
+  DSEC_TRY(moveIntoCgroup(cgroup, pid));
+  if (int policy = sandboxSchedPolicy(spec, cpu_qos); policy >= 0) {
+    sched_param param{};
+    if (sched_setscheduler(pid, policy, &param) < 0) return Error::sys(errno, "set init's scheduling policy");
   }
   return okStatus();
 }
@@ -289,56 +314,22 @@ class ContainerBackend : public Backend {
     };
 
     if (auto s = checkFault("container.cgroup_create"); !s.ok()) return fail(s.error());
-    CgroupLimits limits;
-    limits.memory_bytes = spec.memory_bytes;
-    limits.cpus = spec.cpus;
-    limits.pids = spec.pids;
-    limits.cpuset_cpus = spec.cpuset_cpus;
-    limits.cpuset_mems = spec.cpuset_mems;
-    const bool batch = shared_->options.cpu_qos && spec.qos == CpuQos::kBatch;
-    if (batch) {
-      limits.cpu_weight = kBatchCpuWeight;
-      limits.cpu_idle = true;
-    }
-    auto made = shared_->cgroups->create(spec.id, limits);
+    auto made = shared_->cgroups->create(spec.id, sandboxLimits(spec, shared_->options.cpu_qos));
     if (!made.ok()) return made.error().wrap("create sandbox " + spec.id);
     cgroup = std::move(made).value();
 
     if (auto s = checkFault("container.clone"); !s.ok()) return fail(s.error());
-    // A pooled init when there is one (every pooled init has a network namespace of its own), else one started now.
-    std::optional<IdleInit> idle;
-    if (spec.network != NetworkMode::kHost) idle = init_pool_.take();
-    if (!idle) {
-      auto spawned = spawnIdleInit(initKind(spec.network));
-      if (!spawned.ok()) return fail(spawned.error());
-      idle = std::move(spawned).value();
-    }
+    auto idle = idleInitFor(spec);
+    if (!idle.ok()) return fail(idle.error());
     init.pid = idle->process.pid;
     init.pidfd = std::move(idle->process.pidfd);
     init.is_child = true;
     if (idle->userns) init.host_root = idle->host_base;
-    if (auto s = moveIntoCgroup(*cgroup, init.pid); !s.ok()) return fail(s.error());
-    // Pooled inits start before their QoS is known: set it now, before init runs its setup.
-    if (int policy = sandboxSchedPolicy(spec, shared_->options.cpu_qos); policy >= 0) {
-      sched_param param{};
-      if (sched_setscheduler(init.pid, policy, &param) < 0)
-        return fail(Error::sys(errno, "set init's scheduling policy"));
-    }
+    if (auto s = placeInit(spec, shared_->options.cpu_qos, *cgroup, init.pid); !s.ok()) return fail(s.error());
 
     if (auto s = checkFault("container.send_config"); !s.ok()) return fail(s.error());
     int64_t disk = spec.disk_bytes > 0 ? spec.disk_bytes : shared_->options.default_disk_bytes;
-    auto mounts = sandboxMounts(spec, idle->userns.get());
-    if (!mounts.ok()) return fail(mounts.error());
-    std::optional<EgressLink> egress;
-    if (spec.network == NetworkMode::kEgress) {
-      auto link = shared_->egress->attach(init.pid);
-      if (!link.ok()) return fail(link.error());
-      egress = std::move(*link);
-    }
-    const std::string config = buildInitConfig(spec, disk, shared_->seccomp, egress);
-    if (auto s = sendConfig(idle->config.get(), config, *mounts); !s.ok()) return fail(s.error());
-    mounts->clear();
-    idle->config.reset();
+    if (auto s = configureInit(spec, disk, *idle, init.pid); !s.ok()) return fail(s.error());
     UniqueFd status_r = std::move(idle->status_r);
 
     if (auto s = checkFault("container.wait_ready"); !s.ok()) return fail(s.error());
@@ -455,6 +446,28 @@ class ContainerBackend : public Backend {
   }
 
  private:
+  // A pooled init when there is one (every pooled init has a network namespace of its own), else one started now.
+  Result<IdleInit> idleInitFor(const SandboxSpec& spec) {
+    std::optional<IdleInit> idle;
+    if (spec.network != NetworkMode::kHost) idle = init_pool_.take();
+    if (idle) return std::move(*idle);
+    return spawnIdleInit(initKind(spec.network));
+  }
+
+  // Hands init what it builds the sandbox from: the config (with the egress link, made now that init's network
+  // namespace exists) and the mounts of the layers. Closes init's config socket.
+  Status configureInit(const SandboxSpec& spec, int64_t disk_bytes, IdleInit& idle, pid_t init_pid) {
+    DSEC_ASSIGN_OR_RETURN(std::vector<UniqueFd> mounts, sandboxMounts(spec, idle.userns.get()));
+    std::optional<EgressLink> egress;
+    if (spec.network == NetworkMode::kEgress) {
+      DSEC_ASSIGN_OR_RETURN(egress, shared_->egress->attach(init_pid));
+    }
+    const std::string config = buildInitConfig(spec, disk_bytes, shared_->seccomp, egress);
+    DSEC_TRY(sendConfig(idle.config.get(), config, mounts));
+    idle.config.reset();
+    return okStatus();
+  }
+
   Status reapCgroup(const std::string& name) {
     auto cgroup = shared_->cgroups->open(name);
     if (!cgroup.ok()) {

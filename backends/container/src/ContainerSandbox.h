@@ -93,6 +93,8 @@ class ContainerSandbox : public Sandbox {
   // kNotFound once destroyed; kConflict when paused and the caller needs it running.
   Result<Use> acquire(bool need_running);
   Result<ExecResult> run(const ExecRequest& request, ExecSink* sink);
+  // Sets result.oom_killed when the cgroup counted an OOM kill that no earlier exec reported.
+  void noteOomKill(ExecResult& result);
   void keepSpawned(int pidfd);
   void reapSpawned(double timeout_seconds);
   // What exec and spawn share: the command started in the sandbox (same namespaces, cgroup, caps, seccomp)

@@ -259,7 +259,6 @@ Result<EgressLink> EgressNetwork::attach(pid_t init_pid) {
     const uint32_t net = base_ + block * 4;
     DSEC_TRY(configureHostEnd(name, net + 1, 0xfffffffc));
     EgressLink link;
-    link.host_ifname = name;
     link.gateway = ipString(net + 1);
     link.address = ipString(net + 2);
     return link;

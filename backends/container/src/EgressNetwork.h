@@ -19,9 +19,8 @@
 namespace dsec::backends {
 
 struct EgressLink {
-  std::string host_ifname;  // dsv<N>
-  std::string address;      // the sandbox's, e.g. "100.64.0.6"
-  std::string gateway;      // the node end, e.g. "100.64.0.5"
+  std::string address;  // the sandbox's, e.g. "100.64.0.6"
+  std::string gateway;  // the node end, e.g. "100.64.0.5"
   std::string netmask = "255.255.255.252";
 };
 

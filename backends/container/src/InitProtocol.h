@@ -31,7 +31,6 @@ namespace dsec::backends::init_protocol {
 
 constexpr int kConfigFd = 3;
 constexpr int kStatusFd = 4;
-constexpr int kLeaseFd = 5;
 constexpr int kMaxConfigBytes = 256 * 1024;
 constexpr int kMaxLowers = 128;
 constexpr int kMaxBpfInstructions = 4096;

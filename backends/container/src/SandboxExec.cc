@@ -164,14 +164,214 @@ Result<LongRunningProcess> ContainerSandbox::spawn(const ExecRequest& request) {
   return proc;
 }
 
+namespace {
+
+// What became of a command that did not get to run: an error, or a finished result (its exec failed, or the
+// exec's own timeout passed before it started). nullopt: it is running.
+std::optional<Result<ExecResult>> unstartedOutcome(const ExecRequest& request, const std::string& sandbox_id,
+                                                   SpawnedCommand& cmd, double start, double deadline, ExecSink* sink) {
+  const double start_deadline =
+      deadline > 0 ? std::min(deadline, monotonicSeconds() + kStartSeconds) : monotonicSeconds() + kStartSeconds;
+  auto started = awaitExec(cmd, start_deadline);
+  ExecResult result;
+  if (!started.ok()) {
+    killAndReap(cmd);
+    if (started.error().code() != ErrorCode::kTimeout) return started.error();
+    if (deadline > 0 && monotonicSeconds() >= deadline) {  // the exec's own timeout came first
+      result.timed_out = true;
+      result.exit_code = 137;
+      result.signal = SIGKILL;
+      result.duration_seconds = monotonicSeconds() - start;
+      return result;
+    }
+    return Error(ErrorCode::kConflict, "the command was stopped before it could start (by a process in sandbox " +
+                                           sandbox_id + "); it was killed");
+  }
+  if (started->exec_errno == 0) return std::nullopt;
+  if (started->step != spawn_protocol::kStepExec) {
+    killAndReap(cmd);
+    return startError(request, *started);
+  }
+  // The exec itself failed: reported the way a shell does (127 not found, 126 not executable).
+  const int exec_errno = started->exec_errno;
+  killAndReap(cmd);
+  result.exit_code = (exec_errno == ENOENT || exec_errno == ENOTDIR) ? 127 : 126;
+  std::string msg = "dsec: exec " + request.argv[0] + ": " + std::strerror(exec_errno) + "\n";
+  if (sink != nullptr) {
+    sink->onStderr(msg.data(), msg.size());
+  } else {
+    result.stderr_data = msg;
+  }
+  result.duration_seconds = monotonicSeconds() - start;
+  return result;
+}
+
+// Moves bytes between a running command and the caller until it exits: stdin_data in, the first output_cap
+// bytes of stdout and stderr out (to the sink, or into the result). The command's process group is killed at
+// the deadline, or when the sink wants no more.
+class CommandPump {
+ public:
+  CommandPump(const ExecRequest& request, ExecSink* sink, SpawnedCommand& cmd, ExecResult& result, double deadline)
+      : request_(request), sink_(sink), cmd_(cmd), result_(result), deadline_(deadline), buf_(kReadChunk) {}
+
+  // stdin_fd: the write end of the command's stdin pipe, or closed when there is nothing to write.
+  void attach(UniqueFd stdin_fd, UniqueFd stdout_fd, UniqueFd stderr_fd) {
+    stdin_fd_ = std::move(stdin_fd);
+    if (stdin_fd_) setNonBlocking(stdin_fd_.get());
+    streams_[0].fd = std::move(stdout_fd);
+    streams_[0].buffer = &result_.stdout_data;
+    streams_[0].is_stdout = true;
+    streams_[1].fd = std::move(stderr_fd);
+    streams_[1].buffer = &result_.stderr_data;
+    streams_[1].is_stdout = false;
+    for (auto& s : streams_) setNonBlocking(s.fd.get());
+  }
+
+  // Polls the command's pidfd, its output and its stdin until the pidfd says it exited (it is not reaped).
+  Status untilExit();
+
+  // Whatever the command wrote is in the pipes now; background children may hold them open for ever, so this
+  // reads only what is already there, for at most kDrainSeconds.
+  void drain() {
+    const double drain_until = monotonicSeconds() + kDrainSeconds;
+    for (auto& s : streams_) {
+      while (s.fd && monotonicSeconds() < drain_until) {
+        pollfd p{s.fd.get(), POLLIN, 0};
+        if (poll(&p, 1, 0) <= 0) break;
+        if (!pump(s)) break;
+      }
+    }
+  }
+
+ private:
+  void killGroup() {
+    if (!killed_) {
+      kill(-cmd_.pid, SIGKILL);  // setsid() made the command its group's leader
+      (void)syscall(SYS_pidfd_send_signal, cmd_.pidfd.get(), SIGKILL, nullptr, 0);
+    }
+    killed_ = true;
+  }
+
+  // Reads what is available on one stream; false at EOF.
+  bool pump(Stream& s) {
+    for (int round = 0; round < 16; ++round) {  // bounded, so a flood cannot starve the timeout check
+      ssize_t n = read(s.fd.get(), buf_.data(), buf_.size());
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return errno == EAGAIN;
+      if (n == 0) return false;
+      keep(s, static_cast<size_t>(n));
+      if (static_cast<size_t>(n) < buf_.size()) return true;  // likely drained for now
+    }
+    return true;
+  }
+
+  // Keeps what fits under the output cap of the n bytes just read into buf_.
+  void keep(Stream& s, size_t n) {
+    int64_t room = request_.output_cap - s.kept;
+    size_t keep = room <= 0 ? 0 : static_cast<size_t>(std::min<int64_t>(room, static_cast<int64_t>(n)));
+    if (keep < n) result_.truncated = true;
+    s.kept += static_cast<int64_t>(keep);
+    if (keep == 0) return;
+    if (sink_ != nullptr) {
+      bool more = s.is_stdout ? sink_->onStdout(buf_.data(), keep) : sink_->onStderr(buf_.data(), keep);
+      if (!more) killGroup();
+    } else {
+      s.buffer->append(buf_.data(), keep);
+    }
+  }
+
+  // Writes the next part of stdin_data; closes stdin when all is written or the command stopped reading.
+  void feedStdin(short revents) {
+    if (revents & (POLLERR | POLLHUP)) {
+      stdin_fd_.reset();
+      return;
+    }
+    const std::string& data = request_.stdin_data;
+    ssize_t n = write(stdin_fd_.get(), data.data() + stdin_off_, data.size() - stdin_off_);
+    if (n > 0) stdin_off_ += static_cast<size_t>(n);
+    if ((n < 0 && errno != EAGAIN && errno != EINTR) || stdin_off_ >= data.size()) stdin_fd_.reset();
+  }
+
+  // Until the deadline (none once the command is killed: then its exit is what is waited for).
+  int pollTimeoutMs() const {
+    if (deadline_ <= 0 || killed_) return -1;
+    double left = deadline_ - monotonicSeconds();
+    return left <= 0 ? 0 : static_cast<int>(left * 1000) + 1;
+  }
+
+  const ExecRequest& request_;
+  ExecSink* sink_;
+  SpawnedCommand& cmd_;
+  ExecResult& result_;
+  const double deadline_;  // 0: none
+  std::vector<char> buf_;
+  Stream streams_[2];  // stdout, stderr
+  UniqueFd stdin_fd_;
+  size_t stdin_off_ = 0;
+  bool killed_ = false;
+};
+
+Status CommandPump::untilExit() {
+  bool exited = false;
+  while (!exited) {
+    pollfd fds[4];
+    int nfds = 0;
+    fds[nfds++] = {cmd_.pidfd.get(), POLLIN, 0};
+    int stream_index[2] = {-1, -1};
+    for (int i = 0; i < 2; ++i) {
+      if (streams_[i].fd) {
+        stream_index[i] = nfds;
+        fds[nfds++] = {streams_[i].fd.get(), POLLIN, 0};
+      }
+    }
+    int stdin_index = -1;
+    if (stdin_fd_) {
+      stdin_index = nfds;
+      fds[nfds++] = {stdin_fd_.get(), POLLOUT, 0};
+    }
+    int rc = poll(fds, static_cast<nfds_t>(nfds), pollTimeoutMs());
+    if (rc < 0 && errno != EINTR) {
+      killGroup();
+      return Error::sys(errno, "poll exec");
+    }
+    if (deadline_ > 0 && !killed_ && monotonicSeconds() >= deadline_) {
+      result_.timed_out = true;
+      killGroup();
+    }
+    if (rc <= 0) continue;
+    for (int i = 0; i < 2; ++i) {
+      if (stream_index[i] >= 0 && fds[stream_index[i]].revents != 0 && !pump(streams_[i])) streams_[i].fd.reset();
+    }
+    if (stdin_index >= 0 && fds[stdin_index].revents != 0) feedStdin(fds[stdin_index].revents);
+    if (fds[0].revents & POLLIN) exited = true;
+  }
+  return okStatus();
+}
+
+// Reaps the exited command into the result's exit code and signal (a timed-out command exits 137).
+void reapInto(SpawnedCommand& cmd, ExecResult& result) {
+  siginfo_t info{};
+  while (waitid(static_cast<idtype_t>(P_PIDFD), static_cast<id_t>(cmd.pidfd.get()), &info, WEXITED) < 0 &&
+         errno == EINTR) {
+  }
+  if (info.si_code == CLD_EXITED) {
+    result.exit_code = info.si_status;
+  } else {
+    result.signal = info.si_status;
+    result.exit_code = 128 + info.si_status;
+  }
+  if (result.timed_out) result.exit_code = 137;
+}
+
+}  // namespace
+
 Result<ExecResult> ContainerSandbox::run(const ExecRequest& request, ExecSink* sink) {
   DSEC_TRY(validateRequest(request));
   DSEC_ASSIGN_OR_RETURN(Use use, acquire(true));
   const double start = monotonicSeconds();
-  const std::string& prog = request.argv[0];
 
-  // With a caller's stdin fd (a streamed upload) the command reads it directly: spawnCommand dups it into
-  // the child, the caller's copy stays open and theirs to close, and stdin_data is ignored.
+  // With a caller's stdin fd (a streamed upload) the command reads it directly: the spawner dups it into the
+  // command, the caller's copy stays open and theirs to close, and stdin_data is ignored.
   const bool caller_stdin = request.stdin_fd >= 0;
   Pipe in;
   if (!caller_stdin) {
@@ -185,172 +385,31 @@ Result<ExecResult> ContainerSandbox::run(const ExecRequest& request, ExecSink* s
   out.write_end.reset();
   err.write_end.reset();
 
-  ExecResult result;
   const double deadline = request.timeout_seconds > 0 ? start + request.timeout_seconds : 0;
-  const double start_deadline =
-      deadline > 0 ? std::min(deadline, monotonicSeconds() + kStartSeconds) : monotonicSeconds() + kStartSeconds;
-  auto started = awaitExec(cmd, start_deadline);
-  if (!started.ok()) {
-    killAndReap(cmd);
-    if (started.error().code() != ErrorCode::kTimeout) return started.error();
-    if (deadline > 0 && monotonicSeconds() >= deadline) {  // the exec's own timeout came first
-      result.timed_out = true;
-      result.exit_code = 137;
-      result.signal = SIGKILL;
-      result.duration_seconds = monotonicSeconds() - start;
-      return result;
-    }
-    return Error(ErrorCode::kConflict, "the command was stopped before it could start (by a process in sandbox " +
-                                           spec_.id + "); it was killed");
-  }
-  if (started->exec_errno != 0 && started->step != spawn_protocol::kStepExec) {
-    killAndReap(cmd);
-    return startError(request, *started);
-  }
-  if (started->exec_errno != 0) {
-    const int exec_errno = started->exec_errno;
-    killAndReap(cmd);
-    result.exit_code = (exec_errno == ENOENT || exec_errno == ENOTDIR) ? 127 : 126;
-    std::string msg = "dsec: exec " + prog + ": " + std::strerror(exec_errno) + "\n";
-    if (sink != nullptr) {
-      sink->onStderr(msg.data(), msg.size());
-    } else {
-      result.stderr_data = msg;
-    }
-    result.duration_seconds = monotonicSeconds() - start;
-    return result;
-  }
+  if (auto unstarted = unstartedOutcome(request, spec_.id, cmd, start, deadline, sink)) return std::move(*unstarted);
 
   SigpipeBlock no_sigpipe;
   UniqueFd stdin_fd = std::move(in.write_end);
-  size_t stdin_off = 0;
-  if (caller_stdin || request.stdin_data.empty()) {
-    stdin_fd.reset();
-  } else {
-    setNonBlocking(stdin_fd.get());
-  }
-  Stream streams[2];
-  streams[0].fd = std::move(out.read_end);
-  streams[0].buffer = &result.stdout_data;
-  streams[0].is_stdout = true;
-  streams[1].fd = std::move(err.read_end);
-  streams[1].buffer = &result.stderr_data;
-  streams[1].is_stdout = false;
-  for (auto& s : streams) setNonBlocking(s.fd.get());
-
-  const int64_t cap = request.output_cap;
-  bool killed = false;
-  auto killGroup = [&] {
-    if (!killed) {
-      kill(-cmd.pid, SIGKILL);  // setsid() made the command its group's leader
-      (void)syscall(SYS_pidfd_send_signal, cmd.pidfd.get(), SIGKILL, nullptr, 0);
-    }
-    killed = true;
-  };
-  std::vector<char> buf(kReadChunk);
-  // Reads what is available on one stream; false at EOF.
-  auto pump = [&](Stream& s) -> bool {
-    for (int round = 0; round < 16; ++round) {  // bounded, so a flood cannot starve the timeout check
-      ssize_t n = read(s.fd.get(), buf.data(), buf.size());
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) return errno == EAGAIN;
-      if (n == 0) return false;
-      int64_t room = cap - s.kept;
-      size_t keep = room <= 0 ? 0 : static_cast<size_t>(std::min<int64_t>(room, n));
-      if (keep < static_cast<size_t>(n)) result.truncated = true;
-      s.kept += static_cast<int64_t>(keep);
-      if (keep > 0) {
-        if (sink != nullptr) {
-          bool more = s.is_stdout ? sink->onStdout(buf.data(), keep) : sink->onStderr(buf.data(), keep);
-          if (!more) killGroup();
-        } else {
-          s.buffer->append(buf.data(), keep);
-        }
-      }
-      if (static_cast<size_t>(n) < buf.size()) return true;  // likely drained for now
-    }
-    return true;
-  };
-
-  bool exited = false;
-  while (!exited) {
-    pollfd fds[4];
-    int nfds = 0;
-    fds[nfds++] = {cmd.pidfd.get(), POLLIN, 0};
-    int stream_index[2] = {-1, -1};
-    for (int i = 0; i < 2; ++i) {
-      if (streams[i].fd) {
-        stream_index[i] = nfds;
-        fds[nfds++] = {streams[i].fd.get(), POLLIN, 0};
-      }
-    }
-    int stdin_index = -1;
-    if (stdin_fd) {
-      stdin_index = nfds;
-      fds[nfds++] = {stdin_fd.get(), POLLOUT, 0};
-    }
-    int wait_ms = -1;
-    if (deadline > 0 && !killed) {
-      double left = deadline - monotonicSeconds();
-      wait_ms = left <= 0 ? 0 : static_cast<int>(left * 1000) + 1;
-    }
-    int rc = poll(fds, static_cast<nfds_t>(nfds), wait_ms);
-    if (rc < 0 && errno != EINTR) {
-      killGroup();
-      return Error::sys(errno, "poll exec");
-    }
-    if (deadline > 0 && !killed && monotonicSeconds() >= deadline) {
-      result.timed_out = true;
-      killGroup();
-    }
-    if (rc <= 0) continue;
-    for (int i = 0; i < 2; ++i) {
-      if (stream_index[i] >= 0 && fds[stream_index[i]].revents != 0 && !pump(streams[i])) streams[i].fd.reset();
-    }
-    if (stdin_index >= 0 && fds[stdin_index].revents != 0) {
-      if (fds[stdin_index].revents & (POLLERR | POLLHUP)) {
-        stdin_fd.reset();
-      } else {
-        ssize_t n = write(stdin_fd.get(), request.stdin_data.data() + stdin_off, request.stdin_data.size() - stdin_off);
-        if (n > 0) stdin_off += static_cast<size_t>(n);
-        if ((n < 0 && errno != EAGAIN && errno != EINTR) || stdin_off >= request.stdin_data.size()) stdin_fd.reset();
-      }
-    }
-    if (fds[0].revents & POLLIN) exited = true;
-  }
-
-  siginfo_t info{};
-  while (waitid(static_cast<idtype_t>(P_PIDFD), static_cast<id_t>(cmd.pidfd.get()), &info, WEXITED) < 0 &&
-         errno == EINTR) {
-  }
-  if (info.si_code == CLD_EXITED) {
-    result.exit_code = info.si_status;
-  } else {
-    result.signal = info.si_status;
-    result.exit_code = 128 + info.si_status;
-  }
-  if (result.timed_out) result.exit_code = 137;
-
-  // Whatever the command wrote is in the pipes now; background children may hold them open for ever.
-  const double drain_until = monotonicSeconds() + kDrainSeconds;
-  for (auto& s : streams) {
-    while (s.fd && monotonicSeconds() < drain_until) {
-      pollfd p{s.fd.get(), POLLIN, 0};
-      if (poll(&p, 1, 0) <= 0) break;
-      if (!pump(s)) break;
-    }
-  }
+  if (caller_stdin || request.stdin_data.empty()) stdin_fd.reset();
+  ExecResult result;
+  CommandPump pump(request, sink, cmd, result, deadline);
+  pump.attach(std::move(stdin_fd), std::move(out.read_end), std::move(err.read_end));
+  DSEC_TRY(pump.untilExit());
+  reapInto(cmd, result);
+  pump.drain();
   // An OOM kill always shows as a failure; successful execs skip reading the cgroup's counters.
-  if (result.exit_code != 0) {
-    if (auto st = cgroup_->stats(); st.ok()) {
-      int64_t seen = oom_seen_.load();
-      while (st->oom_kills > seen && !oom_seen_.compare_exchange_weak(seen, st->oom_kills)) {
-      }
-      result.oom_killed = st->oom_kills > seen;
-    }
-  }
+  if (result.exit_code != 0) noteOomKill(result);
   result.duration_seconds = monotonicSeconds() - start;
   return result;
+}
+
+void ContainerSandbox::noteOomKill(ExecResult& result) {
+  auto st = cgroup_->stats();
+  if (!st.ok()) return;
+  int64_t seen = oom_seen_.load();
+  while (st->oom_kills > seen && !oom_seen_.compare_exchange_weak(seen, st->oom_kills)) {
+  }
+  result.oom_killed = st->oom_kills > seen;
 }
 
 }  // namespace dsec::backends

@@ -81,7 +81,6 @@ Result<IdRangeLease> IdRangeAllocator::acquire() {
     }
     next_ = (slot + 1) % options_.count;
     IdRangeLease lease;
-    lease.slot = slot;
     lease.host_base = options_.first_host_id + slot * kIdRangeSize;
     lease.lock_fd = std::move(fd);
     return lease;

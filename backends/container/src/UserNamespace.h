@@ -33,7 +33,6 @@ struct IdRangeOptions {
 
 // A leased range; the lock lives in lock_fd (and in every copy of that file description).
 struct IdRangeLease {
-  uint32_t slot = 0;
   uint32_t host_base = 0;  // host uid and gid of the sandbox's root
   UniqueFd lock_fd;
 };

@@ -87,6 +87,14 @@ class Service : public FunctionService {
   void destroyLater(std::unique_ptr<Worker> worker);  // mu_ held
   bool evictIdleOutside(const PoolKey& key);          // mu_ held
   void runBackground(std::function<void()> fn);       // mu_ held
+  // The most recently returned idle worker that is alive (dead ones are replaced); null when none.
+  std::unique_ptr<Worker> takeIdle(Pool& pool);  // mu_ held
+  // A worker of the pool for the call that began at `start`: an idle one, or one made for it within the queue
+  // wait; counts the call.
+  Result<std::unique_ptr<Worker>> checkOut(const PoolKey& key, double start);
+  // Returns the worker after its call (replaced when unhealthy) and counts the call's outcome.
+  void checkIn(const PoolKey& key, std::unique_ptr<Worker> worker, const Result<ExecResult>& result, bool healthy,
+               bool started, double start);
   bool wanted(const Pool& pool, double now) const;
   void maintain();
 
@@ -209,67 +217,76 @@ Result<ExecResult> Service::callOnce(const CallRequest& request, bool* started) 
   if (image.empty()) return Error::invalid("fncall field 'image': none given and the node has no default image");
   const PoolKey key{image, request.language};
   const double start = monotonicSeconds();
-  const auto deadline =
-      Clock::now() + std::chrono::microseconds(static_cast<int64_t>(options_.queue_wait_seconds * 1e6));
-
-  std::unique_ptr<Worker> worker;
-  {
-    std::unique_lock lock(mu_);
-    if (stopping_) return Error(ErrorCode::kUnavailable, "the fncall service is shutting down");
-    Pool& pool = pools_[key];
-    ++pool.calls;
-    ++calls_;
-    pool.last_call = start;
-    const uint64_t failures_seen = pool.create_failures;
-    std::optional<Error> create_error;
-    ++pool.waiting;
-    for (;;) {
-      while (!pool.idle.empty() && !worker) {
-        auto w = std::move(pool.idle.back().worker);
-        pool.idle.pop_back();
-        if (w->dead()) {  // its zygote died while idle
-          --total_;
-          ++replaced_;
-          destroyLater(std::move(w));
-          continue;
-        }
-        worker = std::move(w);
-      }
-      if (worker || stopping_) break;
-      if (pool.create_failures != failures_seen && pool.creating == 0 && pool.last_error) {
-        create_error = pool.last_error;  // the worker this call waited for could not be made
-        break;
-      }
-      if (pool.creating < pool.waiting) {
-        if (total_ < options_.max_workers || evictIdleOutside(key)) startCreate(key);
-      }
-      if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && pool.idle.empty()) break;
-    }
-    --pool.waiting;
-    if (!worker) {
-      ++errors_;
-      if (stopping_) return Error(ErrorCode::kUnavailable, "the fncall service is shutting down");
-      if (create_error) return create_error->wrap("no fncall worker could be started");
-      ++rejected_;
-      return Error(ErrorCode::kResourceExhausted,
-                   "no fncall worker for " + std::string(languageName(key.language)) + " on " + image +
-                       " became free within " + secondsText(options_.queue_wait_seconds) + " s (" +
-                       std::to_string(total_) + " of " + std::to_string(options_.max_workers) +
-                       " workers on this node, all busy or starting)");
-    }
-    ++pool.busy;
-    busy_.insert(worker.get());
-  }
-
+  DSEC_ASSIGN_OR_RETURN(std::unique_ptr<Worker> worker, checkOut(key, start));
   bool healthy = false;
   Result<ExecResult> result = worker->call(request, &healthy, started);
+  checkIn(key, std::move(worker), result, healthy, *started, start);
+  return result;
+}
 
+std::unique_ptr<Worker> Service::takeIdle(Pool& pool) {
+  while (!pool.idle.empty()) {
+    auto w = std::move(pool.idle.back().worker);
+    pool.idle.pop_back();
+    if (!w->dead()) return w;
+    // Its zygote died while idle.
+    --total_;
+    ++replaced_;
+    destroyLater(std::move(w));
+  }
+  return nullptr;
+}
+
+Result<std::unique_ptr<Worker>> Service::checkOut(const PoolKey& key, double start) {
+  const auto deadline =
+      Clock::now() + std::chrono::microseconds(static_cast<int64_t>(options_.queue_wait_seconds * 1e6));
+  std::unique_lock lock(mu_);
+  if (stopping_) return Error(ErrorCode::kUnavailable, "the fncall service is shutting down");
+  Pool& pool = pools_[key];
+  ++pool.calls;
+  ++calls_;
+  pool.last_call = start;
+  const uint64_t failures_seen = pool.create_failures;
+  std::optional<Error> create_error;
+  std::unique_ptr<Worker> worker;
+  ++pool.waiting;
+  for (;;) {
+    worker = takeIdle(pool);
+    if (worker || stopping_) break;
+    if (pool.create_failures != failures_seen && pool.creating == 0 && pool.last_error) {
+      create_error = pool.last_error;  // the worker this call waited for could not be made
+      break;
+    }
+    if (pool.creating < pool.waiting) {
+      if (total_ < options_.max_workers || evictIdleOutside(key)) startCreate(key);
+    }
+    if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && pool.idle.empty()) break;
+  }
+  --pool.waiting;
+  if (!worker) {
+    ++errors_;
+    if (stopping_) return Error(ErrorCode::kUnavailable, "the fncall service is shutting down");
+    if (create_error) return create_error->wrap("no fncall worker could be started");
+    ++rejected_;
+    return Error(ErrorCode::kResourceExhausted,
+                 "no fncall worker for " + std::string(languageName(key.language)) + " on " + key.image +
+                     " became free within " + secondsText(options_.queue_wait_seconds) + " s (" +
+                     std::to_string(total_) + " of " + std::to_string(options_.max_workers) +
+                     " workers on this node, all busy or starting)");
+  }
+  ++pool.busy;
+  busy_.insert(worker.get());
+  return worker;
+}
+
+void Service::checkIn(const PoolKey& key, std::unique_ptr<Worker> worker, const Result<ExecResult>& result,
+                      bool healthy, bool started, double start) {
   std::lock_guard lock(mu_);
   Pool& pool = pools_[key];
   --pool.busy;
   busy_.erase(worker.get());
   call_seconds_ += monotonicSeconds() - start;
-  if (!*started) {
+  if (!started) {
     --calls_;  // counted again by the retry
     --pool.calls;
   } else if (result.ok()) {
@@ -290,7 +307,6 @@ Result<ExecResult> Service::callOnce(const CallRequest& request, bool* started) 
     if (!stopping_ && pool.waiting > pool.creating && total_ < options_.max_workers) startCreate(key);
   }
   cv_.notify_all();
-  return result;
 }
 
 void Service::maintain() {

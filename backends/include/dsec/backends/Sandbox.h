@@ -1,6 +1,7 @@
-// The one interface every sandbox backend answers: today the container backend and the simulated node's
-// process-less sandboxes (microvm and vm will). fncall is not a backend of its own: its workers are container
-// sandboxes. The API server and the node agent never know which backend a sandbox uses beyond routing.
+// The one interface every sandbox backend answers: the container backend and the simulated node's process-less
+// sandboxes (wrappers that add to a sandbox derive from ForwardingSandbox). fncall is not a backend of its own: its
+// workers are container sandboxes. The API server and the node agent never know which backend a sandbox uses
+// beyond routing.
 #pragma once
 
 #include <sys/types.h>

@@ -136,6 +136,13 @@ class DensityController {
  private:
   int targetLevel(const NodeSample& s, std::string* reason);
   void moveRatios(const NodeSample& s);
+  // Drops state about sandboxes that are gone and pauses that someone else undid; adopts density pauses made
+  // by an earlier agent.
+  void trackSandboxes(const std::vector<SandboxView>& sandboxes);
+  // Reclaim actions for idle candidates (lowest priority first) not reclaimed too recently.
+  void addReclaims(const NodeSample& s, const std::vector<const SandboxView*>& candidates, const std::string& reason);
+  // Pause actions for idle candidates (lowest priority first).
+  void addPauses(const std::vector<const SandboxView*>& candidates, const std::string& reason);
 
   DensityConfig config_;
   DensityDecision current_;

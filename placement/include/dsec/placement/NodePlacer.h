@@ -100,6 +100,11 @@ class NodePlacer {
     std::optional<BindTarget> target;
   };
   Result<Placement> placeLatency(const SandboxRequest& request, int& numa_out);
+  // The NUMA domain a latency sandbox needing `needed` whole cores goes to; kResourceExhausted when none fits.
+  Result<int> latencyDomainLocked(const SandboxRequest& request, int needed) const;
+  // `needed` free cores of the domain (sorted), spanning as few L3 groups as it can.
+  std::vector<int> freeCoresOfDomainLocked(const NumaDomain& domain, int needed) const;
+  int freeCoresInLocked(const std::vector<int>& cores) const;
   Placement batchPlacementLocked() const;
   void recomputePoolLocked();
   Status applyLocked(const Placement& placement, const BindTarget& target);

@@ -44,7 +44,7 @@ struct ContainerBackendOptions {
   bool commands = true;
   // NetworkMode::kEgress: the sandbox's own network namespace with a veth to the node, routed and masqueraded to
   // the node's uplink; nothing on the node itself, other sandboxes or link-local addresses is reachable.
-  std::string egress_subnet = "100.64.0.0/16";  // carved into /30s, one per sandbox (by id-range slot)
+  std::string egress_subnet = "100.64.0.0/16";  // carved into /30s, one per sandbox
 };
 
 // The cgroup weight of batch sandboxes (v2 cpu.weight scale; v1 shares 102): low, so they yield to everything.
