@@ -48,32 +48,6 @@ std::vector<std::pair<std::string, std::string>> relayedHeaders(const Header& h)
 
 json HttpReply::json() const { return json::parse(body, nullptr, false); }
 
-Result<Endpoint> parseEndpoint(const std::string& url) {
-  std::string rest = url;
-  if (startsWith(rest, "http://")) rest = rest.substr(7);
-  while (!rest.empty() && rest.back() == '/') rest.pop_back();
-  Endpoint ep;
-  std::string port;
-  if (!rest.empty() && rest[0] == '[') {
-    auto close = rest.find(']');
-    if (close == std::string::npos || close + 1 >= rest.size() || rest[close + 1] != ':') {
-      return Error::invalid("endpoint '" + url + "': expected http://HOST:PORT");
-    }
-    ep.host = rest.substr(1, close - 1);
-    port = rest.substr(close + 2);
-  } else {
-    auto colon = rest.rfind(':');
-    if (colon == std::string::npos) return Error::invalid("endpoint '" + url + "': expected http://HOST:PORT");
-    ep.host = rest.substr(0, colon);
-    port = rest.substr(colon + 1);
-  }
-  if (ep.host.empty() || port.empty() || port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos) {
-    return Error::invalid("endpoint '" + url + "': expected http://HOST:PORT");
-  }
-  ep.port = std::stoi(port);
-  return ep;
-}
-
 namespace {
 
 // A numeric address (every endpoint the fleet hands around is one) without getaddrinfo: no resolver, no
@@ -147,7 +121,7 @@ Result<HttpReply> call(const std::string& endpoint, http::verb method, const std
                        const std::string& token, const std::string& body, const CallOptions& options) {
   DSEC_ASSIGN_OR_RETURN(auto ep, parseEndpoint(endpoint));
   http::request<http::string_body> req{method, target, 11};
-  req.set(http::field::host, ep.host + ":" + std::to_string(ep.port));
+  req.set(http::field::host, ep.hostPort());
   if (!token.empty()) req.set(http::field::authorization, "Bearer " + token);
   req.keep_alive(options.pool != nullptr);
   if (!body.empty() || method == http::verb::post || method == http::verb::put) {
@@ -209,7 +183,7 @@ Status forward(HttpExchange& ex, const std::string& endpoint, const std::string&
 
   // The request: the client's method, target and content type; the fleet token; the body as it comes.
   http::request<http::empty_body> req{ex.method(), std::string(ex.target()), 11};
-  req.set(http::field::host, ep.host + ":" + std::to_string(ep.port));
+  req.set(http::field::host, ep.hostPort());
   if (!token.empty()) req.set(http::field::authorization, "Bearer " + token);
   if (auto it = ex.head().find(http::field::content_type); it != ex.head().end()) {
     req.set(http::field::content_type, it->value());

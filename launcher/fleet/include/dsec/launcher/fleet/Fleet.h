@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "dsec/common/Endpoint.h"
 #include "dsec/common/Fd.h"
 #include "dsec/common/Result.h"
 #include "dsec/launcher/fleet/ConnectionPool.h"
@@ -22,12 +23,9 @@
 
 namespace dsec::launcher::fleet {
 
-struct Endpoint {
-  std::string host;
-  int port = 0;
-};
-// "http://10.0.0.1:8470" -> {10.0.0.1, 8470}; "http://[::1]:1" works too.
-Result<Endpoint> parseEndpoint(const std::string& url);
+// Endpoints are parsed by the one parser of common/Endpoint.h ("http://10.0.0.1:8470", "[::1]:1").
+using dsec::Endpoint;
+using dsec::parseEndpoint;
 
 struct CallOptions {
   int connect_timeout_ms = 2000;
