@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <limits>
 
+#include "dsec/common/Endpoint.h"
 #include "dsec/common/Strings.h"
 
 namespace dsec::cli {
@@ -109,6 +110,7 @@ struct ApiClient::Impl {
   FleetAddress address;
   std::string host;
   std::string port;
+  std::string host_port;  // for the Host header ("[::1]:8470")
   Status parsed_endpoint;
   asio::io_context io;
   tcp::socket socket{io};
@@ -118,22 +120,12 @@ struct ApiClient::Impl {
   explicit Impl(FleetAddress a) : address(std::move(a)) { parsed_endpoint = parseEndpoint(); }
 
   Status parseEndpoint() {
-    std::string rest = address.endpoint;
-    if (startsWith(rest, "https://")) return Error(ErrorCode::kUnsupported, "https endpoints are not supported yet");
-    if (startsWith(rest, "http://")) rest = rest.substr(7);
-    auto slash = rest.find('/');
-    if (slash != std::string::npos) rest = rest.substr(0, slash);
-    if (!rest.empty() && rest[0] == '[') {  // [::1]:8470
-      auto close = rest.find(']');
-      if (close == std::string::npos) return Error::invalid("bad endpoint '" + address.endpoint + "'");
-      host = rest.substr(1, close - 1);
-      port = close + 2 <= rest.size() ? rest.substr(close + 2) : "80";
-    } else {
-      auto colon = rest.rfind(':');
-      host = colon == std::string::npos ? rest : rest.substr(0, colon);
-      port = colon == std::string::npos ? "80" : rest.substr(colon + 1);
-    }
-    if (host.empty() || port.empty()) return Error::invalid("bad endpoint '" + address.endpoint + "'");
+    // The one endpoint parser (common/Endpoint.h); an endpoint without a port means port 80.
+    auto ep = dsec::parseEndpoint(address.endpoint, 80);
+    if (!ep.ok()) return ep.error();
+    host = ep->host;
+    port = std::to_string(ep->port);
+    host_port = ep->hostPort();
     return okStatus();
   }
 
@@ -162,7 +154,7 @@ struct ApiClient::Impl {
 
   http::request<http::string_body> makeRequest(http::verb verb, const std::string& target, const json& body) {
     http::request<http::string_body> req{verb, target, 11};
-    req.set(http::field::host, host + ":" + port);
+    req.set(http::field::host, host_port);
     req.set(http::field::user_agent, "dsec-cli");
     if (!address.token.empty()) req.set(http::field::authorization, "Bearer " + address.token);
     req.keep_alive(true);
