@@ -13,7 +13,7 @@
 #include <thread>
 
 #include "dsec/common/Strings.h"
-#include "dsec/launcher/fleet/ConnectionPool.h"
+#include "dsec/launcher/api/ConnectionPool.h"
 #include "dsec/launcher/fleet/Fleet.h"
 #include "dsec/launcher/fleet/Gateway.h"
 #include "dsec/launcher/api/HttpServer.h"
