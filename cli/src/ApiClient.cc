@@ -123,8 +123,7 @@ struct ApiClient::Impl {
   }
 
   Error unreachable(const Error& e) const {
-    return Error(ErrorCode::kUnavailable,
-                 "cannot reach the fleet at " + address.endpoint + ": " + e.message());
+    return Error(ErrorCode::kUnavailable, "cannot reach the fleet at " + address.endpoint + ": " + e.message());
   }
 };
 
@@ -171,8 +170,8 @@ Result<json> ApiClient::stream(const std::string& target, const json& body,
     pending.erase(0, start);
     return true;
   };
-  auto reply = launcher::client::callStreaming(impl_->address.endpoint, http::verb::post, target,
-                                               impl_->address.token, body.dump(), impl_->options, on_body);
+  auto reply = launcher::client::callStreaming(impl_->address.endpoint, http::verb::post, target, impl_->address.token,
+                                               body.dump(), impl_->options, on_body);
   if (!reply.ok()) return impl_->unreachable(reply.error());
   if (reply->status < 200 || reply->status >= 300) return errorFromResponse(reply->status, reply->body);
   handle_line(pending);

@@ -1,8 +1,8 @@
-#include "dsec/common/Prometheus.h"
-
 #include <gtest/gtest.h>
 
 #include <cstdint>
+
+#include "dsec/common/Prometheus.h"
 
 namespace dsec::prometheus {
 namespace {

@@ -1,10 +1,9 @@
 // The shared pieces of the HTTP edge (Edge.h) on a real HttpServer: the error mapper, the JSON body reader
 // and its limits, route errors and the bearer check, as the node API and the gateway both use them.
-#include "dsec/launcher/api/Edge.h"
-
 #include <gtest/gtest.h>
 
 #include "HttpTestClient.h"
+#include "dsec/launcher/api/Edge.h"
 #include "dsec/launcher/api/Router.h"
 
 namespace dsec::launcher {
@@ -20,7 +19,9 @@ class EdgeHandler : public RequestHandler {
   void handle(HttpExchange& ex) override {
     static const RouteTable table = [] {
       RouteTable t;
-      t.add("/json", {{http::verb::post, 1}}).add("/optional", {{http::verb::put, 2}}).add("/error/*", {{http::verb::get, 3}});
+      t.add("/json", {{http::verb::post, 1}})
+          .add("/optional", {{http::verb::put, 2}})
+          .add("/error/*", {{http::verb::get, 3}});
       return t;
     }();
     if (!requestAuthorized(ex, "secret")) return sendUnauthorized(ex);
@@ -59,10 +60,10 @@ TEST_F(HttpEdgeTest, ErrorMapperGivesStatusCodeAndBody) {
     int status;
     const char* code;
   };
-  for (const Want& w : {Want{"invalid", 400, "invalid_request"}, Want{"missing", 404, "not_found"},
-                        Want{"conflict", 409, "conflict"}, Want{"full", 429, "capacity"},
-                        Want{"bug", 500, "internal"}, Want{"nope", 501, "unsupported"},
-                        Want{"down", 503, "unavailable"}, Want{"slow", 504, "timeout"}}) {
+  for (const Want& w :
+       {Want{"invalid", 400, "invalid_request"}, Want{"missing", 404, "not_found"}, Want{"conflict", 409, "conflict"},
+        Want{"full", 429, "capacity"}, Want{"bug", 500, "internal"}, Want{"nope", 501, "unsupported"},
+        Want{"down", 503, "unavailable"}, Want{"slow", 504, "timeout"}}) {
     auto r = client_->get(std::string("/error/") + w.name);
     EXPECT_EQ(r.status, w.status) << w.name;
     EXPECT_EQ(r.errorCode(), w.code) << w.name;

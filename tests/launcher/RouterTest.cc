@@ -2,8 +2,8 @@
 #include <gtest/gtest.h>
 
 #include "dsec/launcher/api/ApiServer.h"
-#include "dsec/launcher/node/Metrics.h"
 #include "dsec/launcher/api/Router.h"
+#include "dsec/launcher/node/Metrics.h"
 
 namespace dsec::launcher {
 namespace {

@@ -23,7 +23,7 @@ namespace {
 using nlohmann::json;
 constexpr const char* kLog = "api";
 constexpr size_t kFileChunk = size_t{256} * 1024;
-constexpr size_t kStderrKept = size_t{64} * 1024;  // of a tar run, for its error message
+constexpr size_t kStderrKept = size_t{64} * 1024;   // of a tar run, for its error message
 constexpr size_t kEscapeSlice = size_t{16} * 1024;  // output bytes escaped at a time (at most 96 KiB out)
 
 // A file in a sandbox: a full disk is the sandbox's quota (429 to the client), not a node error.

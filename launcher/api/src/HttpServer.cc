@@ -572,11 +572,13 @@ void HttpServer::renderMetrics(std::string* out) const {
   line("counter", "dsec_http_connections_queued_total", stats_.queued.load());
   using prometheus::number;
   prometheus::family(out, "dsec_http_connections_refused_total", "counter");
-  prometheus::sample(out, "dsec_http_connections_refused_total", {{"reason", "busy"}}, number(stats_.refused_busy.load()));
+  prometheus::sample(out, "dsec_http_connections_refused_total", {{"reason", "busy"}},
+                     number(stats_.refused_busy.load()));
   prometheus::sample(out, "dsec_http_connections_refused_total", {{"reason", "client_budget"}},
                      number(stats_.refused_client.load()));
   prometheus::family(out, "dsec_http_request_timeouts_total", "counter");
-  prometheus::sample(out, "dsec_http_request_timeouts_total", {{"part", "header"}}, number(stats_.header_timeouts.load()));
+  prometheus::sample(out, "dsec_http_request_timeouts_total", {{"part", "header"}},
+                     number(stats_.header_timeouts.load()));
   prometheus::sample(out, "dsec_http_request_timeouts_total", {{"part", "body"}}, number(stats_.body_timeouts.load()));
 }
 

@@ -139,8 +139,8 @@ TableMatch RouteTable::match(http::verb method, std::string_view target) const {
       if (!m.allow.empty()) m.allow += ", ";
       m.allow += std::string(http::to_string(c.verb));
     }
-    m.error = "method " + std::string(http::to_string(method)) + " not allowed on " + m.path +
-              " (allowed: " + m.allow + ")";
+    m.error =
+        "method " + std::string(http::to_string(method)) + " not allowed on " + m.path + " (allowed: " + m.allow + ")";
     return m;
   }
   m.error_status = 404;
@@ -188,8 +188,8 @@ RouteMatch matchRoute(http::verb method, std::string_view target) {
   m.query = std::move(t.query);
   if (t.route >= 0) m.op = static_cast<Op>(t.route);
   // The id or name a route names is checked before its method: a bad one is the answer either way.
-  bool session_route = m.op == Op::kGetSession || m.op == Op::kPutSession || m.op == Op::kDeleteSession ||
-                       m.op == Op::kAttachSession;
+  bool session_route =
+      m.op == Op::kGetSession || m.op == Op::kPutSession || m.op == Op::kDeleteSession || m.op == Op::kAttachSession;
   if (t.route >= 0 && !t.wildcards.empty() && !session_route) {
     std::string id;
     if (!percentDecode(t.wildcards[0], &id) || !validSandboxId(id)) {

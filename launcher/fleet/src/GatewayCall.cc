@@ -13,7 +13,7 @@ namespace {
 
 using nlohmann::json;
 constexpr const char* kLog = "gateway";
-constexpr int kCallIoTimeoutMs = 900 * 1000;      // the longest call (600 s) plus time to queue and reply
+constexpr int kCallIoTimeoutMs = 900 * 1000;  // the longest call (600 s) plus time to queue and reply
 
 }  // namespace
 

@@ -301,5 +301,4 @@ void Gateway::forwardToAny(HttpExchange& ex) {
   ex.sendError(503, "unavailable", "no live node in fleet " + options_.fleet_name);
 }
 
-
 }  // namespace dsec::launcher

@@ -32,7 +32,7 @@ enum Route {
   kCall,
   kListSandboxes,
   kCreateSandbox,
-  kSandbox,  // anything under /v1/sandboxes/<id>/: forwarded to the sandbox's node
+  kSandbox,   // anything under /v1/sandboxes/<id>/: forwarded to the sandbox's node
   kSessions,  // /v1/sessions and below: fanned out to every node
   kListNodes,
   kRegisterNode,
@@ -113,10 +113,9 @@ void Gateway::dispatch(HttpExchange& ex, const TableMatch& m) {
   switch (m.route) {
     case kHealthz:
       ex.discardBody(kDiscardLimit);
-      ex.sendJson(200, json{{"status", "ok"},
-                            {"fleet", options_.fleet_name},
-                            {"node", "gateway"},
-                            {"nodes", liveNodes().size()}});
+      ex.sendJson(
+          200,
+          json{{"status", "ok"}, {"fleet", options_.fleet_name}, {"node", "gateway"}, {"nodes", liveNodes().size()}});
       return;
     case kMetrics: {
       ex.discardBody(kDiscardLimit);

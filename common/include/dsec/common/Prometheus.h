@@ -23,8 +23,7 @@ std::string escapeHelp(std::string_view help);
 
 // Integers as they are; floating point as %.6g.
 template <typename T>
-  requires std::is_arithmetic_v<T>
-std::string number(T value) {
+requires std::is_arithmetic_v<T> std::string number(T value) {
   if constexpr (std::is_same_v<T, bool>) {
     return value ? "1" : "0";
   } else if constexpr (std::is_integral_v<T>) {
@@ -48,12 +47,12 @@ inline void sample(std::string* out, std::string_view name, std::string_view val
 void counter(std::string* out, std::string_view name, std::string_view help, std::string_view value);
 void gauge(std::string* out, std::string_view name, std::string_view help, std::string_view value);
 template <typename T>
-  requires std::is_arithmetic_v<T>
+requires std::is_arithmetic_v<T>
 void counter(std::string* out, std::string_view name, std::string_view help, T value) {
   counter(out, name, help, number(value));
 }
 template <typename T>
-  requires std::is_arithmetic_v<T>
+requires std::is_arithmetic_v<T>
 void gauge(std::string* out, std::string_view name, std::string_view help, T value) {
   gauge(out, name, help, number(value));
 }

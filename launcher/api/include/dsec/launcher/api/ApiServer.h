@@ -7,10 +7,10 @@
 
 #include "dsec/launcher/api/Edge.h"
 #include "dsec/launcher/api/HttpServer.h"
-#include "dsec/launcher/node/Metrics.h"
-#include "dsec/launcher/node/NodeAgent.h"
 #include "dsec/launcher/api/OutputBudget.h"
 #include "dsec/launcher/api/Router.h"
+#include "dsec/launcher/node/Metrics.h"
+#include "dsec/launcher/node/NodeAgent.h"
 
 namespace dsec::launcher {
 

@@ -48,9 +48,9 @@ Result<HttpReply> call(const std::string& endpoint, boost::beast::http::verb met
 
 // As call(), but a 2xx answer's body goes to on_body piece by piece as it arrives (NDJSON streams) instead of
 // into the reply; another status keeps its (error) body in the reply. on_body returning false ends the call.
-Result<HttpReply> callStreaming(const std::string& endpoint, boost::beast::http::verb method,
-                                const std::string& target, const std::string& token, const std::string& body,
-                                const CallOptions& options, const std::function<bool(const char*, size_t)>& on_body);
+Result<HttpReply> callStreaming(const std::string& endpoint, boost::beast::http::verb method, const std::string& target,
+                                const std::string& token, const std::string& body, const CallOptions& options,
+                                const std::function<bool(const char*, size_t)>& on_body);
 
 // A kUnavailable error for a transport failure ("reading the answer of http://...: timed out").
 Error transportError(const std::string& endpoint, const std::string& what, const boost::system::error_code& ec);

@@ -65,10 +65,10 @@ struct RouteMatch {
 struct TableMatch {
   int error_status = 0;  // 0 when matched; else 400 (query) / 404 (no route) / 405 (method)
   std::string error;
-  std::string allow;           // for 405: "GET, POST"
-  int route = -1;              // the route's id; also set for a 405 (the path matched)
+  std::string allow;                   // for 405: "GET, POST"
+  int route = -1;                      // the route's id; also set for a 405 (the path matched)
   std::vector<std::string> wildcards;  // the raw segments "*" and "**" matched, in order ("**": joined by '/')
-  std::string path;            // the target's path, without a trailing '/'
+  std::string path;                    // the target's path, without a trailing '/'
   QueryParams query;
 };
 

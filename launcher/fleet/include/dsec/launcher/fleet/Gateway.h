@@ -21,9 +21,9 @@
 
 #include "dsec/common/Fd.h"
 #include "dsec/common/Result.h"
-#include "dsec/launcher/fleet/Fleet.h"
 #include "dsec/launcher/api/HttpServer.h"
 #include "dsec/launcher/api/Router.h"
+#include "dsec/launcher/fleet/Fleet.h"
 #include "dsec/placement/ClusterPlacer.h"
 
 namespace dsec::launcher {
