@@ -3,21 +3,16 @@
 #include <pwd.h>
 #include <unistd.h>
 
-#include <boost/asio/connect.hpp>
-#include <boost/asio/ip/tcp.hpp>
-#include <boost/beast/core.hpp>
-#include <boost/beast/http.hpp>
 #include <cstdlib>
 #include <limits>
 
+#include "dsec/common/Endpoint.h"
 #include "dsec/common/Strings.h"
+#include "dsec/launcher/api/HttpClient.h"
 
 namespace dsec::cli {
 
-namespace asio = boost::asio;
-namespace beast = boost::beast;
-namespace http = beast::http;
-using tcp = asio::ip::tcp;
+namespace http = boost::beast::http;
 using nlohmann::json;
 
 namespace {
@@ -107,95 +102,28 @@ std::string urlEncode(const std::string& text) {
 
 struct ApiClient::Impl {
   FleetAddress address;
-  std::string host;
-  std::string port;
   Status parsed_endpoint;
-  asio::io_context io;
-  tcp::socket socket{io};
-  beast::flat_buffer buffer;
-  bool used = false;  // the open connection already carried a request (the server may have closed it)
+  // The shared HTTP client (launcher/api/HttpClient.h) over one keep-alive connection from this pool.
+  launcher::client::ConnectionPool pool{1};
+  launcher::client::CallOptions options;
 
-  explicit Impl(FleetAddress a) : address(std::move(a)) { parsed_endpoint = parseEndpoint(); }
-
-  Status parseEndpoint() {
-    std::string rest = address.endpoint;
-    if (startsWith(rest, "https://")) return Error(ErrorCode::kUnsupported, "https endpoints are not supported yet");
-    if (startsWith(rest, "http://")) rest = rest.substr(7);
-    auto slash = rest.find('/');
-    if (slash != std::string::npos) rest = rest.substr(0, slash);
-    if (!rest.empty() && rest[0] == '[') {  // [::1]:8470
-      auto close = rest.find(']');
-      if (close == std::string::npos) return Error::invalid("bad endpoint '" + address.endpoint + "'");
-      host = rest.substr(1, close - 1);
-      port = close + 2 <= rest.size() ? rest.substr(close + 2) : "80";
+  explicit Impl(FleetAddress a) : address(std::move(a)) {
+    // The one endpoint parser (common/Endpoint.h); an endpoint without a port means port 80.
+    auto ep = parseEndpoint(address.endpoint, 80);
+    if (!ep.ok()) {
+      parsed_endpoint = ep.error();
     } else {
-      auto colon = rest.rfind(':');
-      host = colon == std::string::npos ? rest : rest.substr(0, colon);
-      port = colon == std::string::npos ? "80" : rest.substr(colon + 1);
+      address.endpoint = "http://" + ep->hostPort();
     }
-    if (host.empty() || port.empty()) return Error::invalid("bad endpoint '" + address.endpoint + "'");
-    return okStatus();
+    options.connect_timeout_ms = 10 * 1000;
+    options.io_timeout_ms = -1;  // an exec or call lasts as long as its own timeout says
+    options.pool = &pool;
+    options.max_body_bytes = std::numeric_limits<uint64_t>::max();
+    options.user_agent = "dsec-cli";
   }
 
-  void closeSocket() {
-    beast::error_code ignored;
-    socket.shutdown(tcp::socket::shutdown_both, ignored);
-    socket.close(ignored);
-    buffer.clear();
-    used = false;
-  }
-
-  Status ensureConnected() {
-    DSEC_TRY(parsed_endpoint);
-    if (socket.is_open()) return okStatus();
-    beast::error_code ec;
-    tcp::resolver resolver(io);
-    auto results = resolver.resolve(host, port, ec);
-    if (!ec) asio::connect(socket, results, ec);
-    if (ec) {
-      closeSocket();
-      return Error(ErrorCode::kUnavailable, "cannot reach the fleet at " + address.endpoint + ": " + ec.message());
-    }
-    socket.set_option(tcp::no_delay(true), ec);
-    return okStatus();
-  }
-
-  http::request<http::string_body> makeRequest(http::verb verb, const std::string& target, const json& body) {
-    http::request<http::string_body> req{verb, target, 11};
-    req.set(http::field::host, host + ":" + port);
-    req.set(http::field::user_agent, "dsec-cli");
-    if (!address.token.empty()) req.set(http::field::authorization, "Bearer " + address.token);
-    req.keep_alive(true);
-    if (!body.is_null()) {
-      req.set(http::field::content_type, "application/json");
-      req.body() = body.dump();
-    }
-    req.prepare_payload();
-    return req;
-  }
-
-  // Writes the request and reads the response into parser. A request on a reused keep-alive connection that
-  // the server closed meanwhile fails before any response byte: reconnect once and resend.
-  template <typename Parser, typename MakeParser>
-  Status roundTrip(const http::request<http::string_body>& req, std::unique_ptr<Parser>& parser,
-                   const MakeParser& make_parser) {
-    for (int attempt = 0;; ++attempt) {
-      DSEC_TRY(ensureConnected());
-      bool reused = used;
-      used = true;
-      parser = make_parser();
-      beast::error_code ec;
-      http::write(socket, req, ec);
-      if (!ec) http::read(socket, buffer, *parser, ec);
-      if (!ec) {
-        if (!parser->get().keep_alive()) closeSocket();
-        return okStatus();
-      }
-      bool got_nothing = !parser->got_some();
-      closeSocket();
-      if (reused && got_nothing && attempt == 0) continue;
-      return Error(ErrorCode::kUnavailable, "talking to the fleet at " + address.endpoint + ": " + ec.message());
-    }
+  Error unreachable(const Error& e) const {
+    return Error(ErrorCode::kUnavailable, "cannot reach the fleet at " + address.endpoint + ": " + e.message());
   }
 };
 
@@ -204,26 +132,20 @@ ApiClient::~ApiClient() = default;
 
 Result<json> ApiClient::call(HttpMethod method, const std::string& target, const json& body) {
   static const http::verb kVerbs[] = {http::verb::get, http::verb::post, http::verb::put, http::verb::delete_};
-  auto req = impl_->makeRequest(kVerbs[static_cast<int>(method)], target, body);
-  using Parser = http::response_parser<http::string_body>;
-  std::unique_ptr<Parser> parser;
-  DSEC_TRY(impl_->roundTrip(req, parser, [] {
-    auto p = std::make_unique<Parser>();
-    p->body_limit(std::numeric_limits<std::uint64_t>::max());  // boost::none rejects bodies in Beast 1.74
-    return p;
-  }));
-  const auto& res = parser->get();
-  unsigned status = res.result_int();
-  if (status < 200 || status >= 300) return errorFromResponse(status, res.body());
-  if (res.body().empty()) return json::object();
-  json parsed = json::parse(res.body(), nullptr, false);
+  DSEC_TRY(impl_->parsed_endpoint);
+  auto reply = launcher::client::call(impl_->address.endpoint, kVerbs[static_cast<int>(method)], target,
+                                      impl_->address.token, body.is_null() ? "" : body.dump(), impl_->options);
+  if (!reply.ok()) return impl_->unreachable(reply.error());
+  if (reply->status < 200 || reply->status >= 300) return errorFromResponse(reply->status, reply->body);
+  if (reply->body.empty()) return json::object();
+  json parsed = json::parse(reply->body, nullptr, false);
   if (parsed.is_discarded()) return Error::internal("the server sent invalid JSON for " + target);
   return parsed;
 }
 
 Result<json> ApiClient::stream(const std::string& target, const json& body,
                                const std::function<void(const json&)>& on_line) {
-  auto req = impl_->makeRequest(http::verb::post, target, body);
+  DSEC_TRY(impl_->parsed_endpoint);
   std::string pending;  // bytes of an incomplete line
   json last;
   bool bad_line = false;
@@ -237,39 +159,21 @@ Result<json> ApiClient::stream(const std::string& target, const json& body,
     last = parsed;
     on_line(parsed);
   };
-  auto consume_lines = [&] {
+  // Lines are handled as pieces arrive, so output reaches the terminal while the command runs.
+  auto on_body = [&](const char* data, size_t size) {
+    pending.append(data, size);
     size_t start = 0;
     for (auto nl = pending.find('\n'); nl != std::string::npos; nl = pending.find('\n', start)) {
       handle_line(pending.substr(start, nl - start));
       start = nl + 1;
     }
     pending.erase(0, start);
+    return true;
   };
-  using Parser = http::response_parser<http::string_body>;
-  std::unique_ptr<Parser> parser;
-  Parser* current = nullptr;
-  // Lines are handled as chunks arrive, so output reaches the terminal while the command runs. Beast keeps a
-  // reference to the callback, so it lives here, outside the parser.
-  auto on_chunk = [&](std::uint64_t, beast::string_view data, beast::error_code&) -> std::size_t {
-    if (current->get().result_int() != 200) return 0;  // an error body: keep it for the message
-    pending.append(data.data(), data.size());
-    consume_lines();
-    return data.size();
-  };
-  DSEC_TRY(impl_->roundTrip(req, parser, [&] {
-    pending.clear();
-    auto p = std::make_unique<Parser>();
-    p->body_limit(std::numeric_limits<std::uint64_t>::max());  // boost::none rejects bodies in Beast 1.74
-    p->on_chunk_body(on_chunk);
-    current = p.get();
-    return p;
-  }));
-  const auto& res = parser->get();
-  unsigned status = res.result_int();
-  if (status < 200 || status >= 300) return errorFromResponse(status, res.body());
-  // A server that did not chunk the response sends the lines as a plain body.
-  pending += res.body();
-  consume_lines();
+  auto reply = launcher::client::callStreaming(impl_->address.endpoint, http::verb::post, target, impl_->address.token,
+                                               body.dump(), impl_->options, on_body);
+  if (!reply.ok()) return impl_->unreachable(reply.error());
+  if (reply->status < 200 || reply->status >= 300) return errorFromResponse(reply->status, reply->body);
   handle_line(pending);
   if (bad_line) return Error::internal("the server sent a malformed stream line for " + target);
   if (!last.is_object() || !last.value("done", false)) {

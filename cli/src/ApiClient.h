@@ -1,4 +1,5 @@
-// A synchronous HTTP/1.1 + JSON client for the node API (docs/api.md) over one keep-alive connection.
+// A synchronous HTTP/1.1 + JSON client for the node API (docs/api.md) over one keep-alive connection, on the
+// shared HTTP client (launcher/api/HttpClient.h).
 // Not thread-safe: each thread that talks to the fleet owns its own ApiClient (and so its own connection).
 #pragma once
 

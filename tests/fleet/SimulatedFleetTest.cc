@@ -13,11 +13,11 @@
 #include <thread>
 
 #include "dsec/common/Strings.h"
-#include "dsec/launcher/fleet/ConnectionPool.h"
-#include "dsec/launcher/fleet/Fleet.h"
-#include "dsec/launcher/fleet/Gateway.h"
+#include "dsec/launcher/api/ConnectionPool.h"
 #include "dsec/launcher/api/HttpServer.h"
 #include "dsec/launcher/api/Serve.h"
+#include "dsec/launcher/fleet/Fleet.h"
+#include "dsec/launcher/fleet/Gateway.h"
 #include "dsec/testing/TestSupport.h"
 
 namespace dsec::launcher {

@@ -11,6 +11,7 @@
 #include <limits>
 #include <stdexcept>
 
+#include "dsec/common/Endpoint.h"
 #include "dsec/common/Process.h"
 #include "dsec/common/Strings.h"
 
@@ -32,10 +33,10 @@ std::string HttpReply::errorCode() const {
 }
 
 HttpTestClient::HttpTestClient(const std::string& endpoint, std::string token) : token_(std::move(token)) {
-  std::string rest = endpoint.substr(endpoint.find("://") + 3);
-  auto colon = rest.rfind(':');
-  host_ = rest.substr(0, colon);
-  port_ = std::stoi(rest.substr(colon + 1));
+  auto ep = parseEndpoint(endpoint);
+  if (!ep.ok()) throw std::invalid_argument(ep.error().message());
+  host_ = ep->host;
+  port_ = ep->port;
 }
 
 HttpTestClient::~HttpTestClient() = default;

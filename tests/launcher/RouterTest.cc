@@ -2,8 +2,8 @@
 #include <gtest/gtest.h>
 
 #include "dsec/launcher/api/ApiServer.h"
-#include "dsec/launcher/node/Metrics.h"
 #include "dsec/launcher/api/Router.h"
+#include "dsec/launcher/node/Metrics.h"
 
 namespace dsec::launcher {
 namespace {
@@ -95,6 +95,44 @@ TEST(Metrics, RendersPrometheusText) {
   EXPECT_NE(text.find("dsec_sandbox_create_seconds_bucket{le=\"+Inf\"} 2\n"), std::string::npos) << text;
   EXPECT_NE(text.find("dsec_sandbox_create_seconds_count 2\n"), std::string::npos) << text;
   EXPECT_NE(text.find("dsec_sandboxes{state=\"running\"} 2\n"), std::string::npos) << text;
+}
+
+TEST(RouterTable, MatchesPatternsWildcardsAndMethods) {
+  RouteTable t;
+  t.add("/a", {{verb::get, 1}, {verb::post, 2}})
+      .add("/a/*", {{verb::delete_, 3}})
+      .add("/a/*/b", {{verb::put, 4}})
+      .addAnyMethod("/f/**", 5);
+  auto m = t.match(verb::post, "/a/?x=1&y=a%20b");
+  EXPECT_EQ(m.error_status, 0);
+  EXPECT_EQ(m.route, 2);
+  EXPECT_EQ(m.path, "/a");
+  EXPECT_EQ(m.query.get("y"), "a b");
+  m = t.match(verb::put, "/a/x1/b");
+  EXPECT_EQ(m.route, 4);
+  ASSERT_EQ(m.wildcards.size(), 1u);
+  EXPECT_EQ(m.wildcards[0], "x1");
+  m = t.match(verb::patch, "/f/n1-abc/files/list?path=/");
+  EXPECT_EQ(m.route, 5);
+  ASSERT_EQ(m.wildcards.size(), 1u);
+  EXPECT_EQ(m.wildcards[0], "n1-abc/files/list");
+  EXPECT_EQ(t.match(verb::get, "/f").error_status, 404);  // "**" needs at least one segment
+}
+
+TEST(RouterTable, RefusesUnknownPathsMethodsAndQueries) {
+  RouteTable t;
+  t.add("/a", {{verb::get, 1}, {verb::post, 2}}).add("/a/*", {{verb::delete_, 3}});
+  auto m = t.match(verb::put, "/a");
+  EXPECT_EQ(m.error_status, 405);
+  EXPECT_EQ(m.allow, "GET, POST");
+  EXPECT_EQ(m.route, 1);  // the path matched
+  EXPECT_NE(m.error.find("not allowed on /a"), std::string::npos) << m.error;
+  m = t.match(verb::get, "/a/b/c");
+  EXPECT_EQ(m.error_status, 404);
+  EXPECT_EQ(m.error, "no route /a/b/c");
+  m = t.match(verb::get, "/a?x=%2");
+  EXPECT_EQ(m.error_status, 400);
+  EXPECT_NE(m.error.find("malformed query string"), std::string::npos);
 }
 
 }  // namespace

@@ -19,6 +19,7 @@
 
 #include "Worker.h"
 #include "dsec/common/Logging.h"
+#include "dsec/common/Prometheus.h"
 #include "dsec/common/Strings.h"
 
 namespace dsec::backends::fncall {
@@ -408,8 +409,7 @@ void Service::renderMetrics(std::string* out) {
     seconds = call_seconds_;
   }
   auto counter = [&](const char* name, const char* help, uint64_t value) {
-    *out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " counter\n" + name + " " +
-            std::to_string(value) + "\n";
+    prometheus::counter(out, name, help, value);
   };
   counter("dsec_fncall_calls_total", "Function calls received.", s["calls"].get<uint64_t>());
   counter("dsec_fncall_call_errors_total", "Function calls that failed (no result).", s["errors"].get<uint64_t>());
@@ -425,15 +425,13 @@ void Service::renderMetrics(std::string* out) {
           s["workers_replaced"].get<uint64_t>());
   counter("dsec_fncall_workers_shrunk_total", "Idle workers destroyed to shrink a pool.",
           s["workers_shrunk"].get<uint64_t>());
-  *out += "# HELP dsec_fncall_workers Workers by state.\n# TYPE dsec_fncall_workers gauge\n";
+  prometheus::family(out, "dsec_fncall_workers", "gauge", "Workers by state.");
   for (const char* state : {"idle", "busy", "creating"}) {
-    *out += std::string("dsec_fncall_workers{state=\"") + state + "\"} " + std::to_string(s[state].get<int>()) + "\n";
+    prometheus::sample(out, "dsec_fncall_workers", {{"state", state}}, prometheus::number(s[state].get<int>()));
   }
-  *out +=
-      "# HELP dsec_fncall_call_seconds Time from receiving a call to its result.\n"
-      "# TYPE dsec_fncall_call_seconds summary\n";
-  *out += "dsec_fncall_call_seconds_sum " + std::to_string(seconds) + "\n";
-  *out += "dsec_fncall_call_seconds_count " + std::to_string(s["calls"].get<uint64_t>()) + "\n";
+  prometheus::family(out, "dsec_fncall_call_seconds", "summary", "Time from receiving a call to its result.");
+  prometheus::sample(out, "dsec_fncall_call_seconds_sum", std::to_string(seconds));
+  prometheus::sample(out, "dsec_fncall_call_seconds_count", prometheus::number(s["calls"].get<uint64_t>()));
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 
 #include "dsec/common/FdIo.h"
 #include "dsec/common/Logging.h"
+#include "dsec/common/Prometheus.h"
 #include "dsec/common/Strings.h"
 #include "dsec/launcher/api/ExecResponse.h"
 #include "dsec/launcher/api/JsonEscape.h"
@@ -22,8 +23,7 @@ namespace {
 using nlohmann::json;
 constexpr const char* kLog = "api";
 constexpr size_t kFileChunk = size_t{256} * 1024;
-constexpr size_t kStderrKept = size_t{64} * 1024;  // of a tar run, for its error message
-constexpr uint64_t kDiscardLimit = 1 << 20;
+constexpr size_t kStderrKept = size_t{64} * 1024;   // of a tar run, for its error message
 constexpr size_t kEscapeSlice = size_t{16} * 1024;  // output bytes escaped at a time (at most 96 KiB out)
 
 // A file in a sandbox: a full disk is the sandbox's quota (429 to the client), not a node error.
@@ -193,7 +193,8 @@ ApiServer::ApiServer(NodeAgent* agent, std::string token, const ApiServerOptions
 void ApiServer::renderMetrics(std::string* out) {
   OutputBudget::Stats b = output_budget_.stats();
   auto line = [out](const char* type, const char* name, uint64_t v) {
-    *out += std::string("# TYPE ") + name + " " + type + "\n" + name + " " + std::to_string(v) + "\n";
+    prometheus::family(out, name, type);
+    prometheus::sample(out, name, prometheus::number(v));
   };
   line("gauge", "dsec_output_budget_bytes", b.capacity);
   line("gauge", "dsec_output_budget_used_bytes", b.used);
@@ -217,60 +218,16 @@ json ApiServer::nodeInfo() {
 
 bool ApiServer::acceptsCredentials(std::string_view value) const { return bearerTokenMatches(value, token_); }
 
-bool ApiServer::authorized(const HttpExchange& ex) const {
-  auto it = ex.head().find(http::field::authorization);
-  if (it == ex.head().end()) return false;
-  return acceptsCredentials(std::string_view(it->value().data(), it->value().size()));
-}
-
-void ApiServer::sendResultError(HttpExchange& ex, const Error& error) {
-  auto [status, code] = httpStatusFor(error.code());
-  if (status == 429) {
-    ex.sendError(status, code, error.message(), {{"Retry-After", "1"}}, json{{"retry_after", 1}});
-  } else {
-    if (status == 500) DSEC_LOG(kWarn, kLog) << ex.method() << " " << ex.target() << ": " << error.toString();
-    ex.sendError(status, code, error.message());
-  }
-}
-
-std::optional<json> ApiServer::readJson(HttpExchange& ex, uint64_t limit) {
-  bool too_large = false;
-  auto body = ex.readBody(limit, &too_large);
-  if (!body.ok()) {
-    if (too_large) {
-      ex.sendError(413, "too_large", body.error().message());
-    } else if (!ex.broken()) {
-      sendResultError(ex, body.error());
-    }
-    return std::nullopt;
-  }
-  auto parsed = parseJsonObject(*body);
-  if (!parsed.ok()) {
-    sendResultError(ex, parsed.error());
-    return std::nullopt;
-  }
-  return std::move(*parsed);
-}
-
 void ApiServer::handle(HttpExchange& ex) {
   RouteMatch m = matchRoute(ex.method(), ex.target());
   bool healthz = m.error_status == 0 && m.op == Op::kHealthz;
-  const bool authed = authorized(ex);
+  const bool authed = requestAuthorized(ex, token_);
   if (authed) ex.markAuthenticated();  // the connection leaves its client's unauthenticated budget
   if (!healthz && !authed) {
-    ex.sendError(401, "unauthorized", "missing or wrong bearer token (Authorization: Bearer <token>)",
-                 {{"WWW-Authenticate", "Bearer"}});
+    sendUnauthorized(ex);
     return;
   }
-  if (m.error_status != 0) {
-    ex.discardBody(kDiscardLimit);
-    if (m.error_status == 405) {
-      ex.sendError(405, "invalid_request", m.error, {{"Allow", m.allow}});
-    } else {
-      ex.sendError(m.error_status, m.error_status == 404 ? "not_found" : "invalid_request", m.error);
-    }
-    return;
-  }
+  if (m.error_status != 0) return sendRouteError(ex, m.error_status, m.error, m.allow);
   try {
     dispatch(ex, m);
   } catch (const json::exception& e) {
@@ -294,7 +251,12 @@ void ApiServer::handle(HttpExchange& ex) {
 
 void ApiServer::dispatch(HttpExchange& ex, const RouteMatch& m) {
   if (bodyKind(m.op) == BodyKind::kNone) ex.discardBody(kDiscardLimit);
-  const std::string& id = m.sandbox_id;
+  if (!m.session.empty() || m.op == Op::kListSessions) return dispatchSession(ex, m);
+  if (!m.sandbox_id.empty()) return dispatchSandbox(ex, m);
+  dispatchNode(ex, m);
+}
+
+void ApiServer::dispatchNode(HttpExchange& ex, const RouteMatch& m) {
   switch (m.op) {
     case Op::kHealthz:
       ex.sendJson(200,
@@ -303,7 +265,7 @@ void ApiServer::dispatch(HttpExchange& ex, const RouteMatch& m) {
     case Op::kMetrics: {
       std::string text = agent_->metrics().render();
       renderMetrics(&text);
-      ex.sendText(200, "text/plain; version=0.0.4", std::move(text));
+      sendMetrics(ex, std::move(text));
       return;
     }
     case Op::kNodeInfo:
@@ -311,13 +273,13 @@ void ApiServer::dispatch(HttpExchange& ex, const RouteMatch& m) {
       return;
     case Op::kListLayers: {
       auto layers = agent_->layers();
-      if (!layers.ok()) return sendResultError(ex, layers.error());
+      if (!layers.ok()) return sendError(ex, layers.error());
       ex.sendJson(200, *layers);
       return;
     }
     case Op::kListSandboxes: {
       auto want = parseLabelSelectors(m.query.all("label"));
-      if (!want.ok()) return sendResultError(ex, want.error());
+      if (!want.ok()) return sendError(ex, want.error());
       ex.sendJson(200, agent_->list(*want));
       return;
     }
@@ -325,22 +287,30 @@ void ApiServer::dispatch(HttpExchange& ex, const RouteMatch& m) {
       return createSandbox(ex);
     case Op::kCall:
       return call(ex);
+    default:
+      ex.sendError(404, "not_found", "no route");
+  }
+}
+
+void ApiServer::dispatchSandbox(HttpExchange& ex, const RouteMatch& m) {
+  const std::string& id = m.sandbox_id;
+  switch (m.op) {
     case Op::kGetSandbox: {
       auto info = agent_->info(id);
-      if (!info.ok()) return sendResultError(ex, info.error());
+      if (!info.ok()) return sendError(ex, info.error());
       ex.sendJson(200, *info);
       return;
     }
     case Op::kDestroySandbox: {
       auto st = agent_->destroy(id);
-      if (!st.ok()) return sendResultError(ex, st.error());
+      if (!st.ok()) return sendError(ex, st.error());
       ex.sendJson(200, {{"id", id}, {"destroyed", true}});
       return;
     }
     case Op::kPause:
     case Op::kResume: {
       auto info = m.op == Op::kPause ? agent_->pause(id) : agent_->resume(id);
-      if (!info.ok()) return sendResultError(ex, info.error());
+      if (!info.ok()) return sendError(ex, info.error());
       ex.sendJson(200, *info);
       return;
     }
@@ -356,105 +326,102 @@ void ApiServer::dispatch(HttpExchange& ex, const RouteMatch& m) {
       return getTar(ex, m);
     case Op::kPutTar:
       return putTar(ex, m);
+    case Op::kRemoveFile:
+    case Op::kListDir:
+    case Op::kStatFile:
+      return fileOp(ex, m);
+    default:
+      ex.sendError(404, "not_found", "no route");
+  }
+}
+
+void ApiServer::dispatchSession(HttpExchange& ex, const RouteMatch& m) {
+  switch (m.op) {
     case Op::kListSessions:
       ex.sendJson(200, agent_->listSessions());
       return;
     case Op::kGetSession:
     case Op::kDeleteSession: {
       auto r = m.op == Op::kGetSession ? agent_->getSession(m.session) : agent_->deleteSession(m.session);
-      if (!r.ok()) return sendResultError(ex, r.error());
+      if (!r.ok()) return sendError(ex, r.error());
       ex.sendJson(200, *r);
       return;
     }
     case Op::kPutSession:
     case Op::kAttachSession: {
       // Both bodies are optional: no body (or an empty one) means "all defaults".
-      json body = json::object();
-      if (ex.hasBody()) {
-        bool too_large = false;
-        auto text = ex.readBody(kJsonBodyLimit, &too_large);
-        if (!text.ok()) {
-          if (too_large) return ex.sendError(413, "too_large", text.error().message());
-          if (!ex.broken()) sendResultError(ex, text.error());
-          return;
-        }
-        if (!text->empty()) {
-          auto parsed = parseJsonObject(*text);
-          if (!parsed.ok()) return sendResultError(ex, parsed.error());
-          body = std::move(*parsed);
-        }
-      }
+      auto body = readJsonBody(ex, kJsonBodyLimit, EmptyBody::kEmptyObject);
+      if (!body) return;
       bool put = m.op == Op::kPutSession;
-      auto settings = parseSessionSettings(body, /*allow_retention=*/put);
-      if (!settings.ok()) return sendResultError(ex, settings.error());
+      auto settings = parseSessionSettings(*body, /*allow_retention=*/put);
+      if (!settings.ok()) return sendError(ex, settings.error());
       auto r = put ? agent_->putSession(m.session, *settings) : agent_->attachSession(m.session, settings->lease);
-      if (!r.ok()) return sendResultError(ex, r.error());
+      if (!r.ok()) return sendError(ex, r.error());
       ex.sendJson(200, *r);
       return;
     }
-    case Op::kRemoveFile:
-    case Op::kListDir:
-    case Op::kStatFile: {
-      std::string path = m.query.get("path");
-      if (auto st = validateSandboxPath(path); !st.ok()) return sendResultError(ex, st.error());
-      auto lease = agent_->use(id);
-      if (!lease.ok()) return sendResultError(ex, lease.error());
-      if (m.op == Op::kRemoveFile) {
-        auto st = lease->sandbox().remove(path, queryFlag(m.query, "recursive"));
-        if (!st.ok()) return sendResultError(ex, st.error());
-        ex.sendJson(200, {{"path", path}, {"removed", true}});
-      } else if (m.op == Op::kListDir) {
-        auto entries = lease->sandbox().listDir(path);
-        if (!entries.ok()) return sendResultError(ex, entries.error());
-        json out = json::array();
-        for (const auto& e : *entries) out.push_back(fileStatToJson(e));
-        ex.sendJson(200, {{"path", path}, {"entries", out}});
-      } else {
-        auto st = lease->sandbox().stat(path);
-        if (!st.ok()) return sendResultError(ex, st.error());
-        json j = fileStatToJson(*st);
-        j["path"] = path;
-        ex.sendJson(200, j);
-      }
-      return;
-    }
+    default:
+      ex.sendError(404, "not_found", "no route");
   }
-  ex.sendError(404, "not_found", "no route");
+}
+
+void ApiServer::fileOp(HttpExchange& ex, const RouteMatch& m) {
+  std::string path = m.query.get("path");
+  if (auto st = validateSandboxPath(path); !st.ok()) return sendError(ex, st.error());
+  auto lease = agent_->use(m.sandbox_id);
+  if (!lease.ok()) return sendError(ex, lease.error());
+  if (m.op == Op::kRemoveFile) {
+    auto st = lease->sandbox().remove(path, queryFlag(m.query, "recursive"));
+    if (!st.ok()) return sendError(ex, st.error());
+    ex.sendJson(200, {{"path", path}, {"removed", true}});
+  } else if (m.op == Op::kListDir) {
+    auto entries = lease->sandbox().listDir(path);
+    if (!entries.ok()) return sendError(ex, entries.error());
+    json out = json::array();
+    for (const auto& e : *entries) out.push_back(fileStatToJson(e));
+    ex.sendJson(200, {{"path", path}, {"entries", out}});
+  } else {
+    auto st = lease->sandbox().stat(path);
+    if (!st.ok()) return sendError(ex, st.error());
+    json j = fileStatToJson(*st);
+    j["path"] = path;
+    ex.sendJson(200, j);
+  }
 }
 
 void ApiServer::createSandbox(HttpExchange& ex) {
-  auto body = readJson(ex, kJsonBodyLimit);
+  auto body = readJsonBody(ex, kJsonBodyLimit);
   if (!body) return;
   auto params = parseCreateRequest(*body, agent_->nodeMemoryBytes());
   if (!params.ok()) {
     agent_->metrics().create_failures_total++;
-    return sendResultError(ex, params.error());
+    return sendError(ex, params.error());
   }
   auto info = agent_->create(*params);
-  if (!info.ok()) return sendResultError(ex, info.error());
+  if (!info.ok()) return sendError(ex, info.error());
   ex.sendJson(201, *info);
 }
 
 void ApiServer::exec(HttpExchange& ex, const std::string& id, bool stream) {
-  auto body = readJson(ex, kExecBodyLimit);
+  auto body = readJsonBody(ex, kExecBodyLimit);
   if (!body) return;
   auto req = parseExecRequest(*body);
-  if (!req.ok()) return sendResultError(ex, req.error());
+  if (!req.ok()) return sendError(ex, req.error());
   auto lease = agent_->use(id);
-  if (!lease.ok()) return sendResultError(ex, lease.error());
+  if (!lease.ok()) return sendError(ex, lease.error());
   agent_->metrics().execs_total++;
   if (!stream) {
     // The output is collected within the node's output budget and escaped only as it is written.
     BufferedExecOutput output(&output_budget_);
     auto result = lease->sandbox().execStream(*req, output);
-    if (!result.ok()) return sendResultError(ex, result.error());
+    if (!result.ok()) return sendError(ex, result.error());
     output.respond(ex, *result);
     return;
   }
   NdjsonSink sink(ex);
   auto result = lease->sandbox().execStream(*req, sink);
   if (!result.ok()) {
-    if (!sink.started()) return sendResultError(ex, result.error());
+    if (!sink.started()) return sendError(ex, result.error());
     // Headers are out: report the failure as the last line.
     auto [status, code] = httpStatusFor(result.error().code());
     (void)status;
@@ -472,14 +439,14 @@ void ApiServer::exec(HttpExchange& ex, const std::string& id, bool stream) {
 
 void ApiServer::readFile(HttpExchange& ex, const RouteMatch& m) {
   std::string path = m.query.get("path");
-  if (auto st = validateSandboxPath(path); !st.ok()) return sendResultError(ex, st.error());
+  if (auto st = validateSandboxPath(path); !st.ok()) return sendError(ex, st.error());
   auto lease = agent_->use(m.sandbox_id);
-  if (!lease.ok()) return sendResultError(ex, lease.error());
+  if (!lease.ok()) return sendError(ex, lease.error());
   auto fd = lease->sandbox().openForRead(path);
-  if (!fd.ok()) return sendResultError(ex, fd.error());
+  if (!fd.ok()) return sendError(ex, fd.error());
   struct stat st;
-  if (::fstat(fd->get(), &st) != 0) return sendResultError(ex, Error::sys(errno, "stat " + path));
-  if (!S_ISREG(st.st_mode)) return sendResultError(ex, Error::invalid(path + " is not a regular file"));
+  if (::fstat(fd->get(), &st) != 0) return sendError(ex, Error::sys(errno, "stat " + path));
+  if (!S_ISREG(st.st_mode)) return sendError(ex, Error::invalid(path + " is not a regular file"));
   uint64_t size = static_cast<uint64_t>(st.st_size);
   if (!ex.beginStream(200, "application/octet-stream", size)) return;
   std::vector<char> buf(kFileChunk);
@@ -502,17 +469,17 @@ void ApiServer::readFile(HttpExchange& ex, const RouteMatch& m) {
 
 void ApiServer::writeFile(HttpExchange& ex, const RouteMatch& m) {
   std::string path = m.query.get("path");
-  if (auto st = validateSandboxPath(path); !st.ok()) return sendResultError(ex, st.error());
+  if (auto st = validateSandboxPath(path); !st.ok()) return sendError(ex, st.error());
   uint32_t mode = 0644;
   if (m.query.has("mode")) {
     auto parsed = parseFileMode(m.query.get("mode"));
-    if (!parsed.ok()) return sendResultError(ex, parsed.error());
+    if (!parsed.ok()) return sendError(ex, parsed.error());
     mode = *parsed;
   }
   auto lease = agent_->use(m.sandbox_id);
-  if (!lease.ok()) return sendResultError(ex, lease.error());
+  if (!lease.ok()) return sendError(ex, lease.error());
   auto fd = lease->sandbox().openForWrite(path, mode);
-  if (!fd.ok()) return sendResultError(ex, fd.error());
+  if (!fd.ok()) return sendError(ex, fd.error());
   int64_t size = 0;
   Status write_error;
   auto st = ex.readBodyStream([&](const char* data, size_t n) -> Status {
@@ -528,7 +495,7 @@ void ApiServer::writeFile(HttpExchange& ex, const RouteMatch& m) {
     const Error& e = write_error.error();
     if (e.code() == ErrorCode::kResourceExhausted)
       return ex.sendError(413, "too_large", e.message() + " writing " + path);
-    return sendResultError(ex, e.wrap("writing " + path));
+    return sendError(ex, e.wrap("writing " + path));
   }
   if (!st.ok()) return;  // the client went away mid-body
   ex.sendJson(200, {{"path", path}, {"size", size}});
@@ -536,12 +503,12 @@ void ApiServer::writeFile(HttpExchange& ex, const RouteMatch& m) {
 
 void ApiServer::getTar(HttpExchange& ex, const RouteMatch& m) {
   std::string path = m.query.get("path");
-  if (auto st = validateSandboxPath(path); !st.ok()) return sendResultError(ex, st.error());
+  if (auto st = validateSandboxPath(path); !st.ok()) return sendError(ex, st.error());
   auto lease = agent_->use(m.sandbox_id);
-  if (!lease.ok()) return sendResultError(ex, lease.error());
+  if (!lease.ok()) return sendError(ex, lease.error());
   auto st = lease->sandbox().stat(path);
-  if (!st.ok()) return sendResultError(ex, st.error());
-  if (st->type != "dir") return sendResultError(ex, Error::invalid(path + " is not a directory"));
+  if (!st.ok()) return sendError(ex, st.error());
+  if (st->type != "dir") return sendError(ex, Error::invalid(path + " is not a directory"));
   backends::ExecRequest req;
   req.argv = {"tar", "-C", path, "-cf", "-", "."};
   req.output_cap = kMaxOutputCap;
@@ -549,12 +516,12 @@ void ApiServer::getTar(HttpExchange& ex, const RouteMatch& m) {
   agent_->metrics().execs_total++;
   auto result = lease->sandbox().execStream(req, sink);
   if (!result.ok()) {
-    if (!sink.started()) return sendResultError(ex, result.error().wrap("running tar"));
+    if (!sink.started()) return sendError(ex, result.error().wrap("running tar"));
     ex.forceClose();
     return;
   }
   if (result->exit_code != 0 || result->timed_out) {
-    if (!sink.started()) return sendResultError(ex, tarFailure("tar -c", *result, sink.stderrText()));
+    if (!sink.started()) return sendError(ex, tarFailure("tar -c", *result, sink.stderrText()));
     DSEC_LOG(kWarn, kLog) << "tar download of " << path << " from " << m.sandbox_id << " failed: " << sink.stderrText();
     ex.forceClose();  // no last chunk: the client sees a truncated transfer, not a short archive
     return;
@@ -567,9 +534,9 @@ void ApiServer::getTar(HttpExchange& ex, const RouteMatch& m) {
 
 void ApiServer::putTar(HttpExchange& ex, const RouteMatch& m) {
   std::string path = m.query.get("path");
-  if (auto st = validateSandboxPath(path); !st.ok()) return sendResultError(ex, st.error());
+  if (auto st = validateSandboxPath(path); !st.ok()) return sendError(ex, st.error());
   auto lease = agent_->use(m.sandbox_id);
-  if (!lease.ok()) return sendResultError(ex, lease.error());
+  if (!lease.ok()) return sendError(ex, lease.error());
   backends::Sandbox& sandbox = lease->sandbox();
   agent_->metrics().execs_total++;
   if (!sandbox.supportsStdinFd()) return putTarViaFile(ex, sandbox, path);
@@ -577,7 +544,7 @@ void ApiServer::putTar(HttpExchange& ex, const RouteMatch& m) {
   // holds a copy of our end, and send(MSG_NOSIGNAL) cannot raise SIGPIPE when tar exits early.
   int sv[2];
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
-    return sendResultError(ex, Error::sys(errno, "socketpair"));
+    return sendError(ex, Error::sys(errno, "socketpair"));
   }
   UniqueFd ours(sv[0]), theirs(sv[1]);
   backends::ExecRequest req;
@@ -601,9 +568,9 @@ void ApiServer::putTar(HttpExchange& ex, const RouteMatch& m) {
   runner.join();
   theirs.reset();
   if (!st.ok() && feed_error.ok()) return;  // the client went away
-  if (!result->ok()) return sendResultError(ex, result->error().wrap("running tar"));
+  if (!result->ok()) return sendError(ex, result->error().wrap("running tar"));
   const auto& r = result->value();
-  if (r.exit_code != 0 || r.timed_out) return sendResultError(ex, tarFailure("tar -x", r, output.stderrText()));
+  if (r.exit_code != 0 || r.timed_out) return sendError(ex, tarFailure("tar -x", r, output.stderrText()));
   ex.sendJson(200, {{"path", path}});
 }
 
@@ -612,7 +579,7 @@ void ApiServer::putTarViaFile(HttpExchange& ex, backends::Sandbox& sandbox, cons
   // and removed. It counts against the sandbox's disk while it exists.
   const std::string archive = "/tmp/.dsec-upload-" + randomHex(16) + ".tar";
   auto fd = sandbox.openForWrite(archive, 0600);
-  if (!fd.ok()) return sendResultError(ex, fd.error().wrap("staging the tar upload"));
+  if (!fd.ok()) return sendError(ex, fd.error().wrap("staging the tar upload"));
   Status write_error;
   auto st = ex.readBodyStream([&](const char* data, size_t n) -> Status {
     auto w = writeToSandboxFile(fd->get(), data, n);
@@ -626,7 +593,7 @@ void ApiServer::putTarViaFile(HttpExchange& ex, backends::Sandbox& sandbox, cons
     if (write_error.error().code() == ErrorCode::kResourceExhausted) {
       return ex.sendError(413, "too_large", write_error.error().message() + " staging the tar upload");
     }
-    return sendResultError(ex, write_error.error());
+    return sendError(ex, write_error.error());
   }
   backends::ExecRequest req;
   req.argv = {"/bin/sh", "-c", "mkdir -p -- \"$1\" && tar -C \"$1\" -xf \"$2\"; rc=$?; rm -f -- \"$2\"; exit $rc",
@@ -635,11 +602,11 @@ void ApiServer::putTarViaFile(HttpExchange& ex, backends::Sandbox& sandbox, cons
   auto result = sandbox.execStream(req, output);
   if (!result.ok()) {
     (void)sandbox.remove(archive, false);
-    return sendResultError(ex, result.error().wrap("running tar"));
+    return sendError(ex, result.error().wrap("running tar"));
   }
   if (result->exit_code != 0 || result->timed_out) {
     (void)sandbox.remove(archive, false);
-    return sendResultError(ex, tarFailure("tar -x", *result, output.stderrText()));
+    return sendError(ex, tarFailure("tar -x", *result, output.stderrText()));
   }
   ex.sendJson(200, {{"path", path}});
 }

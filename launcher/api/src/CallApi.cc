@@ -8,18 +8,18 @@
 namespace dsec::launcher {
 
 void ApiServer::call(HttpExchange& ex) {
-  auto body = readJson(ex, kCallBodyLimit);
+  auto body = readJsonBody(ex, kCallBodyLimit);
   if (!body) return;
   auto request = parseCallRequest(*body, agent_->nodeMemoryBytes());
-  if (!request.ok()) return sendResultError(ex, request.error());
+  if (!request.ok()) return sendError(ex, request.error());
   NodeFncall* fncall = agent_->fncall();
   if (fncall == nullptr) {
-    return sendResultError(
+    return sendError(
         ex, Error(ErrorCode::kUnsupported, "fncall is not available on node " + agent_->options().node_name + ": " +
                                                agent_->fncallUnavailableReason()));
   }
   auto result = fncall->call(std::move(*request));
-  if (!result.ok()) return sendResultError(ex, result.error());
+  if (!result.ok()) return sendError(ex, result.error());
   // The result is whole in memory already: it is answered if the output budget has room for it.
   respondWithinBudget(ex, &output_budget_, *result);
 }

@@ -22,6 +22,7 @@
 #include <limits>
 
 #include "dsec/common/Logging.h"
+#include "dsec/common/Prometheus.h"
 #include "dsec/common/Strings.h"
 #include "dsec/launcher/api/ClientKey.h"
 
@@ -559,7 +560,8 @@ void HttpServer::reapFinished(bool all) {
 
 void HttpServer::renderMetrics(std::string* out) const {
   auto line = [out](const char* type, const std::string& name, uint64_t v) {
-    *out += "# TYPE " + name + " " + type + "\n" + name + " " + std::to_string(v) + "\n";
+    prometheus::family(out, name, type);
+    prometheus::sample(out, name, prometheus::number(v));
   };
   line("gauge", "dsec_http_connections", static_cast<uint64_t>(activeConnections()));
   line("gauge", "dsec_http_connections_max", static_cast<uint64_t>(options_.max_connections));
@@ -568,13 +570,16 @@ void HttpServer::renderMetrics(std::string* out) const {
   line("gauge", "dsec_http_queued_connections", static_cast<uint64_t>(queuedConnections()));
   line("counter", "dsec_http_connections_accepted_total", stats_.accepted.load());
   line("counter", "dsec_http_connections_queued_total", stats_.queued.load());
-  *out += "# TYPE dsec_http_connections_refused_total counter\n";
-  *out += "dsec_http_connections_refused_total{reason=\"busy\"} " + std::to_string(stats_.refused_busy.load()) + "\n";
-  *out += "dsec_http_connections_refused_total{reason=\"client_budget\"} " +
-          std::to_string(stats_.refused_client.load()) + "\n";
-  *out += "# TYPE dsec_http_request_timeouts_total counter\n";
-  *out += "dsec_http_request_timeouts_total{part=\"header\"} " + std::to_string(stats_.header_timeouts.load()) + "\n";
-  *out += "dsec_http_request_timeouts_total{part=\"body\"} " + std::to_string(stats_.body_timeouts.load()) + "\n";
+  using prometheus::number;
+  prometheus::family(out, "dsec_http_connections_refused_total", "counter");
+  prometheus::sample(out, "dsec_http_connections_refused_total", {{"reason", "busy"}},
+                     number(stats_.refused_busy.load()));
+  prometheus::sample(out, "dsec_http_connections_refused_total", {{"reason", "client_budget"}},
+                     number(stats_.refused_client.load()));
+  prometheus::family(out, "dsec_http_request_timeouts_total", "counter");
+  prometheus::sample(out, "dsec_http_request_timeouts_total", {{"part", "header"}},
+                     number(stats_.header_timeouts.load()));
+  prometheus::sample(out, "dsec_http_request_timeouts_total", {{"part", "body"}}, number(stats_.body_timeouts.load()));
 }
 
 json HttpServer::info() const {

@@ -8,11 +8,6 @@ namespace {
 
 namespace http = boost::beast::http;
 
-struct MethodOp {
-  http::verb verb;
-  Op op;
-};
-
 bool validSandboxId(std::string_view id) {
   if (id.empty() || id.size() > 128) return false;
   for (char c : id) {
@@ -65,8 +60,24 @@ bool percentDecode(std::string_view in, std::string* out) {
   return true;
 }
 
-RouteMatch matchRoute(http::verb method, std::string_view target) {
-  RouteMatch m;
+RouteTable& RouteTable::add(std::string_view pattern, std::initializer_list<Method> methods) {
+  Entry e;
+  for (auto& seg : split(pattern, '/')) {
+    if (!seg.empty()) e.segments.push_back(seg);
+  }
+  e.methods = methods;
+  entries_.push_back(std::move(e));
+  return *this;
+}
+
+RouteTable& RouteTable::addAnyMethod(std::string_view pattern, int route) {
+  add(pattern, {});
+  entries_.back().any_method_route = route;
+  return *this;
+}
+
+TableMatch RouteTable::match(http::verb method, std::string_view target) const {
+  TableMatch m;
   std::string_view path = target, query;
   if (auto q = target.find('?'); q != std::string_view::npos) {
     path = target.substr(0, q);
@@ -86,76 +97,110 @@ RouteMatch matchRoute(http::verb method, std::string_view target) {
     m.query.values.emplace(std::move(key), std::move(value));
   }
   if (path.size() > 1 && path.back() == '/') path.remove_suffix(1);
+  m.path = std::string(path);
   std::vector<std::string> segs;
   for (auto& s : split(path, '/')) {
     if (!s.empty()) segs.push_back(s);
   }
-
-  std::vector<MethodOp> candidates;
-  auto is = [&segs](std::initializer_list<const char*> want) {
-    if (segs.size() != want.size()) return false;
-    size_t i = 0;
-    for (const char* w : want) {
-      if (std::string_view(w) != "*" && segs[i] != w) return false;
-      ++i;
+  for (const auto& e : entries_) {
+    bool rest = !e.segments.empty() && e.segments.back() == "**";
+    size_t fixed = rest ? e.segments.size() - 1 : e.segments.size();
+    if (rest ? segs.size() <= fixed : segs.size() != fixed) continue;
+    std::vector<std::string> wild;
+    bool ok = true;
+    for (size_t i = 0; i < fixed && ok; ++i) {
+      if (e.segments[i] == "*") {
+        wild.push_back(segs[i]);
+      } else {
+        ok = e.segments[i] == segs[i];
+      }
     }
-    return true;
-  };
-  if (is({"healthz"})) {
-    candidates = {{http::verb::get, Op::kHealthz}};
-  } else if (is({"metrics"})) {
-    candidates = {{http::verb::get, Op::kMetrics}};
-  } else if (is({"v1", "node"})) {
-    candidates = {{http::verb::get, Op::kNodeInfo}};
-  } else if (is({"v1", "layers"})) {
-    candidates = {{http::verb::get, Op::kListLayers}};
-  } else if (is({"v1", "call"})) {
-    candidates = {{http::verb::post, Op::kCall}};
-  } else if (is({"v1", "sandboxes"})) {
-    candidates = {{http::verb::get, Op::kListSandboxes}, {http::verb::post, Op::kCreateSandbox}};
-  } else if (segs.size() >= 3 && segs[0] == "v1" && segs[1] == "sandboxes") {
-    if (is({"v1", "sandboxes", "*"})) {
-      candidates = {{http::verb::get, Op::kGetSandbox}, {http::verb::delete_, Op::kDestroySandbox}};
-    } else if (is({"v1", "sandboxes", "*", "pause"})) {
-      candidates = {{http::verb::post, Op::kPause}};
-    } else if (is({"v1", "sandboxes", "*", "resume"})) {
-      candidates = {{http::verb::post, Op::kResume}};
-    } else if (is({"v1", "sandboxes", "*", "exec"})) {
-      candidates = {{http::verb::post, Op::kExec}};
-    } else if (is({"v1", "sandboxes", "*", "exec", "stream"})) {
-      candidates = {{http::verb::post, Op::kExecStream}};
-    } else if (is({"v1", "sandboxes", "*", "files"})) {
-      candidates = {
-          {http::verb::get, Op::kReadFile}, {http::verb::put, Op::kWriteFile}, {http::verb::delete_, Op::kRemoveFile}};
-    } else if (is({"v1", "sandboxes", "*", "files", "list"})) {
-      candidates = {{http::verb::get, Op::kListDir}};
-    } else if (is({"v1", "sandboxes", "*", "files", "stat"})) {
-      candidates = {{http::verb::get, Op::kStatFile}};
-    } else if (is({"v1", "sandboxes", "*", "tar"})) {
-      candidates = {{http::verb::get, Op::kGetTar}, {http::verb::put, Op::kPutTar}};
+    if (!ok) continue;
+    if (rest) {
+      std::string tail;
+      for (size_t i = fixed; i < segs.size(); ++i) tail += (tail.empty() ? "" : "/") + segs[i];
+      wild.push_back(std::move(tail));
     }
-    if (!candidates.empty()) {
-      std::string id;
-      if (!percentDecode(segs[2], &id) || !validSandboxId(id)) {
-        m.error_status = 404;
-        m.error = "no sandbox '" + segs[2] + "' (not a valid sandbox id)";
+    m.wildcards = std::move(wild);
+    if (e.any_method_route >= 0) {
+      m.route = e.any_method_route;
+      return m;
+    }
+    // HEAD is not part of the API; GET-only routes stay GET-only so the contract has one answer per route.
+    for (const auto& c : e.methods) {
+      if (c.verb == method) {
+        m.route = c.route;
         return m;
       }
-      m.sandbox_id = std::move(id);
     }
+    m.route = e.methods.empty() ? -1 : e.methods.front().route;
+    m.error_status = 405;
+    for (const auto& c : e.methods) {
+      if (!m.allow.empty()) m.allow += ", ";
+      m.allow += std::string(http::to_string(c.verb));
+    }
+    m.error =
+        "method " + std::string(http::to_string(method)) + " not allowed on " + m.path + " (allowed: " + m.allow + ")";
+    return m;
   }
-  if (is({"v1", "sessions"})) {
-    candidates = {{http::verb::get, Op::kListSessions}};
-  } else if (is({"v1", "sessions", "*"}) || is({"v1", "sessions", "*", "attach"})) {
-    if (segs.size() == 3) {
-      candidates = {{http::verb::get, Op::kGetSession},
-                    {http::verb::put, Op::kPutSession},
-                    {http::verb::delete_, Op::kDeleteSession}};
-    } else {
-      candidates = {{http::verb::post, Op::kAttachSession}};
+  m.error_status = 404;
+  m.error = "no route " + m.path;
+  return m;
+}
+
+namespace {
+
+const RouteTable& nodeRoutes() {
+  using V = http::verb;
+  auto op = [](Op o) { return static_cast<int>(o); };
+  static const RouteTable table = [&] {
+    RouteTable t;
+    t.add("/healthz", {{V::get, op(Op::kHealthz)}})
+        .add("/metrics", {{V::get, op(Op::kMetrics)}})
+        .add("/v1/node", {{V::get, op(Op::kNodeInfo)}})
+        .add("/v1/layers", {{V::get, op(Op::kListLayers)}})
+        .add("/v1/call", {{V::post, op(Op::kCall)}})
+        .add("/v1/sandboxes", {{V::get, op(Op::kListSandboxes)}, {V::post, op(Op::kCreateSandbox)}})
+        .add("/v1/sandboxes/*", {{V::get, op(Op::kGetSandbox)}, {V::delete_, op(Op::kDestroySandbox)}})
+        .add("/v1/sandboxes/*/pause", {{V::post, op(Op::kPause)}})
+        .add("/v1/sandboxes/*/resume", {{V::post, op(Op::kResume)}})
+        .add("/v1/sandboxes/*/exec", {{V::post, op(Op::kExec)}})
+        .add("/v1/sandboxes/*/exec/stream", {{V::post, op(Op::kExecStream)}})
+        .add("/v1/sandboxes/*/files",
+             {{V::get, op(Op::kReadFile)}, {V::put, op(Op::kWriteFile)}, {V::delete_, op(Op::kRemoveFile)}})
+        .add("/v1/sandboxes/*/files/list", {{V::get, op(Op::kListDir)}})
+        .add("/v1/sandboxes/*/files/stat", {{V::get, op(Op::kStatFile)}})
+        .add("/v1/sandboxes/*/tar", {{V::get, op(Op::kGetTar)}, {V::put, op(Op::kPutTar)}})
+        .add("/v1/sessions", {{V::get, op(Op::kListSessions)}})
+        .add("/v1/sessions/*",
+             {{V::get, op(Op::kGetSession)}, {V::put, op(Op::kPutSession)}, {V::delete_, op(Op::kDeleteSession)}})
+        .add("/v1/sessions/*/attach", {{V::post, op(Op::kAttachSession)}});
+    return t;
+  }();
+  return table;
+}
+
+}  // namespace
+
+RouteMatch matchRoute(http::verb method, std::string_view target) {
+  TableMatch t = nodeRoutes().match(method, target);
+  RouteMatch m;
+  m.query = std::move(t.query);
+  if (t.route >= 0) m.op = static_cast<Op>(t.route);
+  // The id or name a route names is checked before its method: a bad one is the answer either way.
+  bool session_route =
+      m.op == Op::kGetSession || m.op == Op::kPutSession || m.op == Op::kDeleteSession || m.op == Op::kAttachSession;
+  if (t.route >= 0 && !t.wildcards.empty() && !session_route) {
+    std::string id;
+    if (!percentDecode(t.wildcards[0], &id) || !validSandboxId(id)) {
+      m.error_status = 404;
+      m.error = "no sandbox '" + t.wildcards[0] + "' (not a valid sandbox id)";
+      return m;
     }
+    m.sandbox_id = std::move(id);
+  } else if (t.route >= 0 && session_route) {
     std::string name;
-    if (!percentDecode(segs[2], &name)) name = segs[2];
+    if (!percentDecode(t.wildcards[0], &name)) name = t.wildcards[0];
     if (auto st = validateSessionName(name); !st.ok()) {
       m.error_status = 400;
       m.error = st.error().message();
@@ -163,25 +208,9 @@ RouteMatch matchRoute(http::verb method, std::string_view target) {
     }
     m.session = std::move(name);
   }
-  if (candidates.empty()) {
-    m.error_status = 404;
-    m.error = "no route " + std::string(path);
-    return m;
-  }
-  for (const auto& c : candidates) {
-    // HEAD is not part of the API; GET-only routes stay GET-only so the contract has one answer per route.
-    if (c.verb == method) {
-      m.op = c.op;
-      return m;
-    }
-  }
-  m.error_status = 405;
-  for (const auto& c : candidates) {
-    if (!m.allow.empty()) m.allow += ", ";
-    m.allow += std::string(http::to_string(c.verb));
-  }
-  m.error = "method " + std::string(http::to_string(method)) + " not allowed on " + std::string(path) +
-            " (allowed: " + m.allow + ")";
+  m.error_status = t.error_status;
+  m.error = std::move(t.error);
+  m.allow = std::move(t.allow);
   return m;
 }
 

@@ -1,17 +1,11 @@
-#include <arpa/inet.h>
-#include <fcntl.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <poll.h>
-#include <sys/socket.h>
+// The fleet's wiring over the shared HTTP client (api/HttpClient.h): forwarding a client's request to a node,
+// and the registrar a node runs to (re-)register with the gateway.
 #include <unistd.h>
 
 #include <boost/asio/error.hpp>
 #include <boost/asio/write.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/http.hpp>
-#include <cstring>
 #include <limits>
 #include <optional>
 
@@ -28,177 +22,7 @@ constexpr const char* kLog = "fleet";
 constexpr size_t kPiece = size_t{64} * 1024;
 constexpr size_t kHeldBackLimit = size_t{1} << 20;
 
-Error transportError(const std::string& endpoint, const std::string& what, const boost::system::error_code& ec) {
-  std::string why = ec == net::error::operation_aborted ? "node declared lost" : ec.message();
-  return Error(ErrorCode::kUnavailable, what + " " + endpoint + ": " + why);
-}
-
-// Copies the headers a client needs from a node's reply.
-template <class Header>
-std::vector<std::pair<std::string, std::string>> relayedHeaders(const Header& h) {
-  std::vector<std::pair<std::string, std::string>> out;
-  for (auto field : {http::field::retry_after, http::field::allow}) {
-    auto it = h.find(field);
-    if (it != h.end()) out.emplace_back(std::string(http::to_string(field)), std::string(it->value()));
-  }
-  return out;
-}
-
 }  // namespace
-
-json HttpReply::json() const { return json::parse(body, nullptr, false); }
-
-Result<Endpoint> parseEndpoint(const std::string& url) {
-  std::string rest = url;
-  if (startsWith(rest, "http://")) rest = rest.substr(7);
-  while (!rest.empty() && rest.back() == '/') rest.pop_back();
-  Endpoint ep;
-  std::string port;
-  if (!rest.empty() && rest[0] == '[') {
-    auto close = rest.find(']');
-    if (close == std::string::npos || close + 1 >= rest.size() || rest[close + 1] != ':') {
-      return Error::invalid("endpoint '" + url + "': expected http://HOST:PORT");
-    }
-    ep.host = rest.substr(1, close - 1);
-    port = rest.substr(close + 2);
-  } else {
-    auto colon = rest.rfind(':');
-    if (colon == std::string::npos) return Error::invalid("endpoint '" + url + "': expected http://HOST:PORT");
-    ep.host = rest.substr(0, colon);
-    port = rest.substr(colon + 1);
-  }
-  if (ep.host.empty() || port.empty() || port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos) {
-    return Error::invalid("endpoint '" + url + "': expected http://HOST:PORT");
-  }
-  ep.port = std::stoi(port);
-  return ep;
-}
-
-namespace {
-
-// A numeric address (every endpoint the fleet hands around is one) without getaddrinfo: no resolver, no
-// /etc files read on the gateway's hot path. Host names still go through getaddrinfo.
-bool numericAddress(const Endpoint& ep, struct sockaddr_storage* ss, socklen_t* len) {
-  std::memset(ss, 0, sizeof(*ss));
-  auto* sin = reinterpret_cast<struct sockaddr_in*>(ss);
-  if (::inet_pton(AF_INET, ep.host.c_str(), &sin->sin_addr) == 1) {
-    sin->sin_family = AF_INET;
-    sin->sin_port = htons(static_cast<uint16_t>(ep.port));
-    *len = sizeof(*sin);
-    return true;
-  }
-  auto* sin6 = reinterpret_cast<struct sockaddr_in6*>(ss);
-  if (::inet_pton(AF_INET6, ep.host.c_str(), &sin6->sin6_addr) == 1) {
-    sin6->sin6_family = AF_INET6;
-    sin6->sin6_port = htons(static_cast<uint16_t>(ep.port));
-    *len = sizeof(*sin6);
-    return true;
-  }
-  return false;
-}
-
-}  // namespace
-
-Result<UniqueFd> connectTo(const std::string& endpoint, const CallOptions& options) {
-  DSEC_ASSIGN_OR_RETURN(auto ep, parseEndpoint(endpoint));
-  struct sockaddr_storage ss {};
-  socklen_t ss_len = 0;
-  if (!numericAddress(ep, &ss, &ss_len)) {
-    struct addrinfo hints {};
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_NUMERICSERV;
-    struct addrinfo* res = nullptr;
-    std::string port = std::to_string(ep.port);
-    int gai = ::getaddrinfo(ep.host.c_str(), port.c_str(), &hints, &res);
-    if (gai != 0) return Error(ErrorCode::kUnavailable, "resolving " + endpoint + ": " + gai_strerror(gai));
-    std::unique_ptr<struct addrinfo, decltype(&::freeaddrinfo)> guard(res, ::freeaddrinfo);
-    std::memcpy(&ss, res->ai_addr, res->ai_addrlen);
-    ss_len = res->ai_addrlen;
-  }
-  UniqueFd fd(::socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-  if (!fd) return Error::sys(errno, "socket");
-  if (::connect(fd.get(), reinterpret_cast<struct sockaddr*>(&ss), ss_len) != 0) {
-    if (errno != EINPROGRESS)
-      return Error(ErrorCode::kUnavailable, "connecting to " + endpoint + ": " + strerror(errno));
-    struct pollfd fds[2] = {{fd.get(), POLLOUT, 0}, {options.abort_fd, POLLIN, 0}};
-    int n;
-    do {
-      n = ::poll(fds, options.abort_fd >= 0 ? 2 : 1, options.connect_timeout_ms);
-    } while (n < 0 && errno == EINTR);
-    if (n == 0) {
-      return Error(ErrorCode::kUnavailable, "connecting to " + endpoint + ": timed out after " +
-                                                std::to_string(options.connect_timeout_ms) + " ms");
-    }
-    if (options.abort_fd >= 0 && (fds[1].revents & POLLIN)) {
-      return Error(ErrorCode::kUnavailable, "connecting to " + endpoint + ": node declared lost");
-    }
-    int err = 0;
-    socklen_t len = sizeof(err);
-    ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);
-    if (err != 0) return Error(ErrorCode::kUnavailable, "connecting to " + endpoint + ": " + strerror(err));
-  }
-  int one = 1;
-  ::setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  return fd;
-}
-
-Result<HttpReply> call(const std::string& endpoint, http::verb method, const std::string& target,
-                       const std::string& token, const std::string& body, const CallOptions& options) {
-  DSEC_ASSIGN_OR_RETURN(auto ep, parseEndpoint(endpoint));
-  http::request<http::string_body> req{method, target, 11};
-  req.set(http::field::host, ep.host + ":" + std::to_string(ep.port));
-  if (!token.empty()) req.set(http::field::authorization, "Bearer " + token);
-  req.keep_alive(options.pool != nullptr);
-  if (!body.empty() || method == http::verb::post || method == http::verb::put) {
-    req.set(http::field::content_type, "application/json");
-    req.body() = body;
-  }
-  req.prepare_payload();
-  // A pooled connection the node closed meanwhile (restart, idle timeout) fails before any byte of an answer:
-  // then, and only then, the request goes once more on a new connection. A node that got the request
-  // answers it on the connection it came on, so nothing is ever sent twice to a live node.
-  for (int attempt = 0;; ++attempt) {
-    UniqueFd fd;
-    bool reused = false;
-    if (options.pool != nullptr && attempt == 0) {
-      fd = options.pool->take(endpoint);
-      reused = fd.valid();
-    }
-    if (!fd) {
-      DSEC_ASSIGN_OR_RETURN(fd, connectTo(endpoint, options));
-    }
-    SocketStream stream(fd.get(), options.abort_fd, options.io_timeout_ms);
-    boost::system::error_code ec;
-    http::write(stream, req, ec);
-    if (ec) {
-      if (reused && ec != net::error::operation_aborted && ec != net::error::timed_out) continue;
-      return transportError(endpoint, "sending to", ec);
-    }
-    boost::beast::flat_buffer buffer;
-    http::response_parser<http::string_body> parser;
-    parser.body_limit(64ULL << 20);
-    http::read(stream, buffer, parser, ec);
-    if (ec) {
-      if (reused && !parser.got_some() && buffer.size() == 0 && ec != net::error::operation_aborted &&
-          ec != net::error::timed_out) {
-        continue;
-      }
-      return transportError(endpoint, "reading the answer of", ec);
-    }
-    HttpReply reply;
-    auto& res = parser.get();
-    reply.status = static_cast<int>(res.result_int());
-    bool keep = options.pool != nullptr && res.keep_alive() && buffer.size() == 0;
-    reply.body = std::move(res.body());
-    reply.headers = relayedHeaders(res.base());
-    if (auto it = res.find(http::field::content_type); it != res.end()) {
-      reply.headers.emplace_back("Content-Type", std::string(it->value()));
-    }
-    if (keep) options.pool->give(endpoint, std::move(fd));
-    return reply;
-  }
-}
 
 Status forward(HttpExchange& ex, const std::string& endpoint, const std::string& token, const CallOptions& options,
                const std::string* pre_read_body, int hold_back_status, std::optional<HttpReply>* held_back) {
@@ -209,7 +33,7 @@ Status forward(HttpExchange& ex, const std::string& endpoint, const std::string&
 
   // The request: the client's method, target and content type; the fleet token; the body as it comes.
   http::request<http::empty_body> req{ex.method(), std::string(ex.target()), 11};
-  req.set(http::field::host, ep.host + ":" + std::to_string(ep.port));
+  req.set(http::field::host, ep.hostPort());
   if (!token.empty()) req.set(http::field::authorization, "Bearer " + token);
   if (auto it = ex.head().find(http::field::content_type); it != ex.head().end()) {
     req.set(http::field::content_type, it->value());

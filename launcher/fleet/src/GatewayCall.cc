@@ -4,29 +4,22 @@
 #include <algorithm>
 
 #include "dsec/common/Logging.h"
+#include "dsec/launcher/api/CallRequests.h"
+#include "dsec/launcher/api/Edge.h"
 #include "dsec/launcher/fleet/Gateway.h"
 
 namespace dsec::launcher {
 namespace {
 
 using nlohmann::json;
-namespace http = boost::beast::http;
 constexpr const char* kLog = "gateway";
-constexpr uint64_t kCallBodyLimit = 64ULL << 20;  // as the node's (CallRequests.h)
-constexpr int kCallIoTimeoutMs = 900 * 1000;      // the longest call (600 s) plus time to queue and reply
+constexpr int kCallIoTimeoutMs = 900 * 1000;  // the longest call (600 s) plus time to queue and reply
 
 }  // namespace
 
 void Gateway::forwardCall(HttpExchange& ex) {
-  if (ex.method() != http::verb::post) {
-    ex.discardBody(1 << 20);
-    return ex.sendError(405, "invalid_request", "method not allowed on /v1/call (allowed: POST)", {{"Allow", "POST"}});
-  }
-  bool too_large = false;
-  auto body = ex.readBody(kCallBodyLimit, &too_large);
-  if (!body.ok()) {
-    return ex.sendError(too_large ? 413 : 400, too_large ? "too_large" : "invalid_request", body.error().message());
-  }
+  auto body = readBodyOrAnswer(ex, kCallBodyLimit);  // the node's limit (CallRequests.h)
+  if (!body) return;
   std::vector<NodeRef> nodes;
   size_t live = 0;
   {

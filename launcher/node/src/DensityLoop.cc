@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "dsec/common/Logging.h"
+#include "dsec/common/Prometheus.h"
 #include "dsec/common/Strings.h"
 #include "dsec/launcher/node/NodeAgent.h"
 
@@ -401,40 +402,33 @@ void DensityLoop::renderMetrics(std::string* out) {
   std::lock_guard lock(mu_);
   const placement::NodeSample& s = last_sample_;
   auto gauge = [out](const char* name, const char* help, const std::string& value) {
-    *out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " gauge\n" + name + " " + value + "\n";
+    prometheus::gauge(out, name, help, value);
   };
-  auto num = [](double v) {
-    char buf[64];
-    std::snprintf(buf, sizeof(buf), "%.6g", v);
-    return std::string(buf);
-  };
+  using prometheus::number;
   gauge("dsec_density_memory_ratio", "Memory overcommit ratio admission uses (committed <= ratio x capacity).",
-        num(decision_.memory_ratio));
-  gauge("dsec_density_cpu_ratio", "CPU overcommit ratio admission uses.", num(decision_.cpu_ratio));
+        number(decision_.memory_ratio));
+  gauge("dsec_density_cpu_ratio", "CPU overcommit ratio admission uses.", number(decision_.cpu_ratio));
   gauge("dsec_density_admitting", "1 while the node admits new sandboxes, 0 while pressure holds admission closed.",
-        decision_.admitting ? "1" : "0");
+        number(decision_.admitting));
   gauge("dsec_density_level", "Pressure level: 0 calm, 1 reclaim, 2 stop admitting, 3 pause.",
-        std::to_string(static_cast<int>(decision_.level)));
-  gauge("dsec_density_memory_capacity_bytes", "Memory capacity admission counts against.", std::to_string(capacity_));
+        number(static_cast<int>(decision_.level)));
+  gauge("dsec_density_memory_capacity_bytes", "Memory capacity admission counts against.", number(capacity_));
   gauge("dsec_density_memory_used_bytes", "Memory in use the controller judges (working set).",
-        std::to_string(s.memory_used_bytes));
-  *out += "# HELP dsec_density_psi Pressure stall information, avg10 percent.\n# TYPE dsec_density_psi gauge\n";
-  *out += "dsec_density_psi{resource=\"memory\",kind=\"some\"} " + num(s.memory_some_avg10) + "\n";
-  *out += "dsec_density_psi{resource=\"memory\",kind=\"full\"} " + num(s.memory_full_avg10) + "\n";
-  *out += "dsec_density_psi{resource=\"cpu\",kind=\"some\"} " + num(s.cpu_some_avg10) + "\n";
-  *out += "# HELP dsec_density_actions_total Actions the density controller took.\n";
-  *out += "# TYPE dsec_density_actions_total counter\n";
+        number(s.memory_used_bytes));
+  prometheus::family(out, "dsec_density_psi", "gauge", "Pressure stall information, avg10 percent.");
+  prometheus::sample(out, "dsec_density_psi", {{"resource", "memory"}, {"kind", "some"}}, number(s.memory_some_avg10));
+  prometheus::sample(out, "dsec_density_psi", {{"resource", "memory"}, {"kind", "full"}}, number(s.memory_full_avg10));
+  prometheus::sample(out, "dsec_density_psi", {{"resource", "cpu"}, {"kind", "some"}}, number(s.cpu_some_avg10));
+  prometheus::family(out, "dsec_density_actions_total", "counter", "Actions the density controller took.");
   for (const char* a : {"reclaim", "stop_admitting", "pause", "resume", "reopen_admission"}) {
     auto it = actions_total_.find(a);
-    *out += std::string("dsec_density_actions_total{action=\"") + a + "\"} " +
-            std::to_string(it == actions_total_.end() ? 0 : it->second) + "\n";
+    prometheus::sample(out, "dsec_density_actions_total", {{"action", a}},
+                       number(it == actions_total_.end() ? 0 : it->second));
   }
-  *out += "# HELP dsec_density_refusals_total Creates refused by admission (429 capacity).\n";
-  *out += "# TYPE dsec_density_refusals_total counter\ndsec_density_refusals_total " + std::to_string(refusals_total_) +
-          "\n";
-  *out += "# HELP dsec_sandbox_oom_events_total OOM kills seen inside sandboxes (reported in their info).\n";
-  *out += "# TYPE dsec_sandbox_oom_events_total counter\ndsec_sandbox_oom_events_total " +
-          std::to_string(oom_events_total_) + "\n";
+  prometheus::counter(out, "dsec_density_refusals_total", "Creates refused by admission (429 capacity).",
+                      refusals_total_);
+  prometheus::counter(out, "dsec_sandbox_oom_events_total", "OOM kills seen inside sandboxes (reported in their info).",
+                      oom_events_total_);
 }
 
 }  // namespace dsec::launcher

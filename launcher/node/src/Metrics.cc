@@ -1,18 +1,10 @@
 #include "dsec/launcher/node/Metrics.h"
 
 #include <cmath>
-#include <cstdio>
+
+#include "dsec/common/Prometheus.h"
 
 namespace dsec::launcher {
-namespace {
-
-std::string formatDouble(double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof(buf), "%.6g", v);
-  return buf;
-}
-
-}  // namespace
 
 Histogram::Histogram(std::vector<double> bounds)
     : bounds_(std::move(bounds)), buckets_(new std::atomic<uint64_t>[bounds_.size() + 1]) {
@@ -33,11 +25,12 @@ void Histogram::render(const std::string& name, std::string* out) const {
   uint64_t cumulative = 0;
   for (size_t i = 0; i <= bounds_.size(); ++i) {
     cumulative += buckets_[i].load(std::memory_order_relaxed);
-    std::string le = i < bounds_.size() ? formatDouble(bounds_[i]) : "+Inf";
-    *out += name + "_bucket{le=\"" + le + "\"} " + std::to_string(cumulative) + "\n";
+    std::string le = i < bounds_.size() ? prometheus::number(bounds_[i]) : "+Inf";
+    prometheus::sample(out, name + "_bucket", {{"le", le}}, prometheus::number(cumulative));
   }
-  *out += name + "_sum " + formatDouble(static_cast<double>(sum_micros_.load(std::memory_order_relaxed)) / 1e6) + "\n";
-  *out += name + "_count " + std::to_string(count_.load(std::memory_order_relaxed)) + "\n";
+  prometheus::sample(out, name + "_sum",
+                     prometheus::number(static_cast<double>(sum_micros_.load(std::memory_order_relaxed)) / 1e6));
+  prometheus::sample(out, name + "_count", prometheus::number(count_.load(std::memory_order_relaxed)));
 }
 
 Metrics::Metrics() : create_seconds({0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10}) {}
@@ -63,22 +56,22 @@ void Metrics::setGaugeRenderer(GaugeFn fn) {
 std::string Metrics::render() const {
   std::string out;
   auto counter = [&out](const char* name, const char* help, uint64_t value) {
-    out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " counter\n" + name + " " +
-           std::to_string(value) + "\n";
+    prometheus::counter(&out, name, help, value);
   };
   counter("dsec_sandbox_creates_total", "Sandboxes created.", creates_total.load());
   counter("dsec_sandbox_create_failures_total", "Sandbox creates that failed.", create_failures_total.load());
   counter("dsec_sandbox_destroys_total", "Sandboxes destroyed.", destroys_total.load());
   counter("dsec_sandbox_reaped_total", "Sandboxes destroyed by the node for a timeout.", reaped_total.load());
   counter("dsec_execs_total", "Exec requests run.", execs_total.load());
-  out += "# HELP dsec_sandbox_create_seconds Sandbox create latency.\n# TYPE dsec_sandbox_create_seconds histogram\n";
+  prometheus::family(&out, "dsec_sandbox_create_seconds", "histogram", "Sandbox create latency.");
   create_seconds.render("dsec_sandbox_create_seconds", &out);
   GaugeFn gauges;
   {
     std::lock_guard lock(mu_);
-    out += "# HELP dsec_http_requests_total HTTP requests by status code.\n# TYPE dsec_http_requests_total counter\n";
+    prometheus::family(&out, "dsec_http_requests_total", "counter", "HTTP requests by status code.");
     for (const auto& [code, value] : http_requests_) {
-      out += "dsec_http_requests_total{code=\"" + std::to_string(code) + "\"} " + std::to_string(value->load()) + "\n";
+      prometheus::sample(&out, "dsec_http_requests_total", {{"code", std::to_string(code)}},
+                         prometheus::number(value->load()));
     }
     gauges = gauges_;
   }

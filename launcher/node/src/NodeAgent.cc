@@ -12,6 +12,7 @@
 
 #include "dsec/common/Directory.h"
 #include "dsec/common/Logging.h"
+#include "dsec/common/Prometheus.h"
 #include "dsec/common/Strings.h"
 #include "dsec/launcher/node/CpuAllocator.h"
 #include "dsec/launcher/node/DensityLoop.h"
@@ -571,27 +572,20 @@ void NodeAgent::renderGauges(std::string* out) {
     }
   }
   int64_t mounts = images_->mountedLayers();
-  *out += "# HELP dsec_sandboxes Live sandboxes by state.\n# TYPE dsec_sandboxes gauge\n";
-  *out += "dsec_sandboxes{state=\"running\"} " + std::to_string(running) + "\n";
-  *out += "dsec_sandboxes{state=\"paused\"} " + std::to_string(paused) + "\n";
-  *out += "dsec_sandboxes{state=\"stopped\"} " + std::to_string(stopped) + "\n";
-  *out += "# HELP dsec_layer_mounts Layers mounted on this node.\n# TYPE dsec_layer_mounts gauge\n";
-  *out += "dsec_layer_mounts " + std::to_string(mounts) + "\n";
-  *out +=
-      "# HELP dsec_node_memory_committed_bytes Sum of live sandboxes' memory limits.\n"
-      "# TYPE dsec_node_memory_committed_bytes gauge\n";
-  *out += "dsec_node_memory_committed_bytes " + std::to_string(committed) + "\n";
-  *out += "# HELP dsec_node_memory_bytes Physical memory of the node.\n# TYPE dsec_node_memory_bytes gauge\n";
-  *out += "dsec_node_memory_bytes " + std::to_string(node_memory_bytes_) + "\n";
-  *out += "# HELP dsec_sessions Sessions by state.\n# TYPE dsec_sessions gauge\n";
-  *out += "dsec_sessions{state=\"active\"} " + std::to_string(sessions_->countActive()) + "\n";
-  *out += "dsec_sessions{state=\"lapsed\"} " + std::to_string(sessions_->countLapsed()) + "\n";
-  *out += "# HELP dsec_session_lapses_total Session leases that lapsed.\n# TYPE dsec_session_lapses_total counter\n";
-  *out += "dsec_session_lapses_total " + std::to_string(sessions_->lapsesTotal()) + "\n";
-  *out +=
-      "# HELP dsec_sandboxes_paused_by_lease Sandboxes paused because their session's lease lapsed.\n"
-      "# TYPE dsec_sandboxes_paused_by_lease gauge\n";
-  *out += "dsec_sandboxes_paused_by_lease " + std::to_string(paused_by_lease) + "\n";
+  using prometheus::number;
+  prometheus::family(out, "dsec_sandboxes", "gauge", "Live sandboxes by state.");
+  prometheus::sample(out, "dsec_sandboxes", {{"state", "running"}}, number(running));
+  prometheus::sample(out, "dsec_sandboxes", {{"state", "paused"}}, number(paused));
+  prometheus::sample(out, "dsec_sandboxes", {{"state", "stopped"}}, number(stopped));
+  prometheus::gauge(out, "dsec_layer_mounts", "Layers mounted on this node.", mounts);
+  prometheus::gauge(out, "dsec_node_memory_committed_bytes", "Sum of live sandboxes' memory limits.", committed);
+  prometheus::gauge(out, "dsec_node_memory_bytes", "Physical memory of the node.", node_memory_bytes_);
+  prometheus::family(out, "dsec_sessions", "gauge", "Sessions by state.");
+  prometheus::sample(out, "dsec_sessions", {{"state", "active"}}, number(sessions_->countActive()));
+  prometheus::sample(out, "dsec_sessions", {{"state", "lapsed"}}, number(sessions_->countLapsed()));
+  prometheus::counter(out, "dsec_session_lapses_total", "Session leases that lapsed.", sessions_->lapsesTotal());
+  prometheus::gauge(out, "dsec_sandboxes_paused_by_lease", "Sandboxes paused because their session's lease lapsed.",
+                    paused_by_lease);
   if (density_) density_->renderMetrics(out);
   if (fncall_) fncall_->renderMetrics(out);
 }

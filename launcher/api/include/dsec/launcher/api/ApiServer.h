@@ -5,16 +5,14 @@
 
 #include <string>
 
+#include "dsec/launcher/api/Edge.h"
 #include "dsec/launcher/api/HttpServer.h"
-#include "dsec/launcher/node/Metrics.h"
-#include "dsec/launcher/node/NodeAgent.h"
 #include "dsec/launcher/api/OutputBudget.h"
 #include "dsec/launcher/api/Router.h"
+#include "dsec/launcher/node/Metrics.h"
+#include "dsec/launcher/node/NodeAgent.h"
 
 namespace dsec::launcher {
-
-constexpr uint64_t kJsonBodyLimit = 1 << 20;      // create and other small bodies
-constexpr uint64_t kExecBodyLimit = 64ULL << 20;  // exec carries stdin
 
 struct ApiServerOptions {
   // The node-wide budget for buffered exec and call output (OutputBudget.h); 0: defaultOutputBudget() of the
@@ -33,11 +31,13 @@ class ApiServer : public RequestHandler {
   OutputBudget& outputBudget() { return output_budget_; }
 
  private:
+  // The routes by what they act on: the node, one sandbox, a session.
   void dispatch(HttpExchange& ex, const RouteMatch& m);
-  bool authorized(const HttpExchange& ex) const;
-  void sendResultError(HttpExchange& ex, const Error& error);
-  // Reads a JSON object body; on failure answers (400/413) and returns nullopt.
-  std::optional<nlohmann::json> readJson(HttpExchange& ex, uint64_t limit);
+  void dispatchNode(HttpExchange& ex, const RouteMatch& m);
+  void dispatchSandbox(HttpExchange& ex, const RouteMatch& m);
+  void dispatchSession(HttpExchange& ex, const RouteMatch& m);
+  // DELETE files, GET files/list, GET files/stat.
+  void fileOp(HttpExchange& ex, const RouteMatch& m);
 
   void createSandbox(HttpExchange& ex);
   void call(HttpExchange& ex);  // POST /v1/call, CallApi.cc

@@ -1,8 +1,11 @@
 // Maps (method, target) to an API operation. Pure logic: unknown paths are 404, known paths with the wrong
 // method 405 (with the allowed methods), malformed query strings and invalid session names 400.
+// RouteTable is the one routing mechanism of the HTTP edge: the node API (matchRoute) and the fleet gateway
+// each declare their table of routes with it.
 #pragma once
 
 #include <boost/beast/http/verb.hpp>
+#include <initializer_list>
 #include <map>
 #include <ostream>
 #include <string>
@@ -55,6 +58,38 @@ struct RouteMatch {
   std::string sandbox_id;
   std::string session;  // session routes: the (valid) session name
   QueryParams query;
+};
+
+// A table of routes. A pattern is a path of segments: "*" matches one segment, a final "**" one or more. The
+// first pattern that matches the path decides; a method it lacks is 405 with its methods in `allow`.
+struct TableMatch {
+  int error_status = 0;  // 0 when matched; else 400 (query) / 404 (no route) / 405 (method)
+  std::string error;
+  std::string allow;                   // for 405: "GET, POST"
+  int route = -1;                      // the route's id; also set for a 405 (the path matched)
+  std::vector<std::string> wildcards;  // the raw segments "*" and "**" matched, in order ("**": joined by '/')
+  std::string path;                    // the target's path, without a trailing '/'
+  QueryParams query;
+};
+
+class RouteTable {
+ public:
+  struct Method {
+    boost::beast::http::verb verb;
+    int route;
+  };
+  RouteTable& add(std::string_view pattern, std::initializer_list<Method> methods);
+  // A route that takes every method (the gateway's forwarding).
+  RouteTable& addAnyMethod(std::string_view pattern, int route);
+  TableMatch match(boost::beast::http::verb method, std::string_view target) const;
+
+ private:
+  struct Entry {
+    std::vector<std::string> segments;
+    std::vector<Method> methods;
+    int any_method_route = -1;
+  };
+  std::vector<Entry> entries_;
 };
 
 RouteMatch matchRoute(boost::beast::http::verb method, std::string_view target);

@@ -1,5 +1,5 @@
-// The fleet's wiring between processes: a small blocking HTTP/1.1 client the gateway uses to talk to node
-// agents (JSON calls and streamed forwarding of a client's request), and the registrar a node runs to
+// The fleet's wiring between processes: streamed forwarding of a client's request to a node agent over the
+// shared HTTP client (api/HttpClient.h), and the registrar a node runs to
 // (re-)register itself with the gateway and heartbeat. Every wait has a timeout and an abort fd, so a node
 // that stops answering can never pin a gateway thread.
 #pragma once
@@ -15,44 +15,26 @@
 #include <utility>
 #include <vector>
 
+#include "dsec/common/Endpoint.h"
 #include "dsec/common/Fd.h"
 #include "dsec/common/Result.h"
-#include "dsec/launcher/fleet/ConnectionPool.h"
+#include "dsec/launcher/api/HttpClient.h"
 #include "dsec/launcher/api/HttpServer.h"
 
 namespace dsec::launcher::fleet {
 
-struct Endpoint {
-  std::string host;
-  int port = 0;
-};
-// "http://10.0.0.1:8470" -> {10.0.0.1, 8470}; "http://[::1]:1" works too.
-Result<Endpoint> parseEndpoint(const std::string& url);
+// Endpoints are parsed by the one parser of common/Endpoint.h ("http://10.0.0.1:8470", "[::1]:1").
+using dsec::Endpoint;
+using dsec::parseEndpoint;
 
-struct CallOptions {
-  int connect_timeout_ms = 2000;
-  int io_timeout_ms = 10000;  // per read/write inactivity
-  int abort_fd = -1;          // readable -> the call fails at once (the node was declared lost)
-  // call(): take a keep-alive connection from here and give it back after a complete answer (null: one
-  // connection per call, closed after it).
-  ConnectionPool* pool = nullptr;
-};
-
-struct HttpReply {
-  int status = 0;
-  std::string body;
-  std::vector<std::pair<std::string, std::string>> headers;  // Retry-After, Allow, Content-Type
-  // The body as JSON, or a null json if it is not JSON.
-  nlohmann::json json() const;
-};
-
-// Connects to endpoint (non-blocking connect with a timeout).
-Result<UniqueFd> connectTo(const std::string& endpoint, const CallOptions& options);
-
-// One request with a whole body and a whole reply (JSON routes). Transport failures are kUnavailable errors
-// whose message says what happened (refused, timed out, closed); an HTTP error status is a reply, not an error.
-Result<HttpReply> call(const std::string& endpoint, boost::beast::http::verb method, const std::string& target,
-                       const std::string& token, const std::string& body, const CallOptions& options);
+// The HTTP client is the one of the API layer (api/HttpClient.h).
+using client::call;
+using client::CallOptions;
+using client::ConnectionPool;
+using client::connectTo;
+using client::HttpReply;
+using client::relayedHeaders;
+using client::transportError;
 
 // Forwards the client's request in `ex` to the node and streams the node's answer back: bodies go through in
 // pieces (uploads, downloads, NDJSON exec output), never whole. `body` is used instead of reading `ex` when

@@ -21,8 +21,9 @@
 
 #include "dsec/common/Fd.h"
 #include "dsec/common/Result.h"
-#include "dsec/launcher/fleet/Fleet.h"
 #include "dsec/launcher/api/HttpServer.h"
+#include "dsec/launcher/api/Router.h"
+#include "dsec/launcher/fleet/Fleet.h"
 #include "dsec/placement/ClusterPlacer.h"
 
 namespace dsec::launcher {
@@ -112,7 +113,6 @@ class Gateway : public RequestHandler {
     std::shared_ptr<UniqueFd> abort_fd;
   };
 
-  bool authorized(const HttpExchange& ex) const;
   void watchLoop();
   void markSeen(Node& node, const nlohmann::json* info);
   void markLost(Node& node, const std::string& why);
@@ -121,9 +121,10 @@ class Gateway : public RequestHandler {
   fleet::CallOptions callOptions(const NodeRef& node, int io_timeout_ms) const;
   void sendLost(HttpExchange& ex, const NodeRef& node, const std::string& sandbox_id);
   void sendNodeError(HttpExchange& ex, const Error& error, const std::string& node, const std::string& sandbox_id);
-  std::optional<nlohmann::json> readJson(HttpExchange& ex, uint64_t limit);
 
-  void handleFleet(HttpExchange& ex, const std::vector<std::string>& segs);
+  // Routing (GatewayRoutes.cc): the route table's match to the handler.
+  void dispatch(HttpExchange& ex, const TableMatch& m);
+  void handleFleet(HttpExchange& ex, const TableMatch& m);
   void createSandbox(HttpExchange& ex);
   void forwardToSandbox(HttpExchange& ex, const std::string& sandbox_id);
   void listSandboxes(HttpExchange& ex);

@@ -1,4 +1,4 @@
-#include "dsec/launcher/fleet/ConnectionPool.h"
+#include "dsec/launcher/api/ConnectionPool.h"
 
 #include <sys/socket.h>
 
@@ -6,7 +6,7 @@
 
 #include "dsec/common/Strings.h"
 
-namespace dsec::launcher::fleet {
+namespace dsec::launcher::client {
 namespace {
 
 // An idle HTTP connection has nothing to read: readable means the peer closed it (EOF) or sent something
@@ -73,4 +73,4 @@ size_t ConnectionPool::idle(const std::string& endpoint) {
   return it == idle_.end() ? 0 : it->second.size();
 }
 
-}  // namespace dsec::launcher::fleet
+}  // namespace dsec::launcher::client

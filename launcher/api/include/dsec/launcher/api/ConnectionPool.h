@@ -1,8 +1,8 @@
-// Idle keep-alive connections from the gateway to its nodes, per endpoint. A create then costs one request
-// on an open connection instead of a TCP handshake and a thread on the node for each request (docs/fleet.md,
-// "Performance"). A connection goes back only after a complete answer on a keep-alive response; one taken
-// back out is checked first (a node that restarted or timed the connection out closed it: it reads EOF), and
-// connections idle for longer than max_idle_seconds (below the node's own idle timeout) are closed.
+// Idle keep-alive connections of the HTTP client (HttpClient.h), per endpoint: the gateway to its nodes, the CLI to its
+// fleet. A create then costs one request on an open connection instead of a TCP handshake and a thread on the node for
+// each request (docs/fleet.md, "Performance"). A connection goes back only after a complete answer on a keep-alive
+// response; one taken back out is checked first (a node that restarted or timed the connection out closed it: it reads
+// EOF), and connections idle for longer than max_idle_seconds (below the node's own idle timeout) are closed.
 #pragma once
 
 #include <atomic>
@@ -15,7 +15,7 @@
 
 #include "dsec/common/Fd.h"
 
-namespace dsec::launcher::fleet {
+namespace dsec::launcher::client {
 
 class ConnectionPool {
  public:
@@ -47,4 +47,4 @@ class ConnectionPool {
   std::atomic<uint64_t> returned_{0};
 };
 
-}  // namespace dsec::launcher::fleet
+}  // namespace dsec::launcher::client
