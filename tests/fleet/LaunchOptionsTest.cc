@@ -52,7 +52,7 @@ TEST_F(LaunchOptionsTest, EveryNodeFlagReachesTheNodeOptions) {
 TEST_F(LaunchOptionsTest, DensityQosAndFncallFlagsReachTheNode) {
   auto o = parseLaunchOptions({"--overcommit", "off", "--memory-capacity", "2G", "--cpu-qos", "off",
                                "--cpu-exclusive-pool", "off", "--fncall-workers", "0", "--fncall-queue-wait", "1",
-                               "--fncall-image", "alpine:3", "--memory-ratio-max", "4", "--simulate"});
+                               "--fncall-image", "alpine:3", "--memory-ratio-max", "16", "--simulate"});
   ASSERT_OK(o);
   const NodeOptions& n = o->serve.node;
   EXPECT_FALSE(n.density.overcommit);
@@ -62,7 +62,7 @@ TEST_F(LaunchOptionsTest, DensityQosAndFncallFlagsReachTheNode) {
   EXPECT_EQ(n.fncall.max_workers, 0);
   EXPECT_EQ(n.fncall.queue_wait_seconds, 1);
   EXPECT_EQ(n.fncall.image, "alpine:3");
-  EXPECT_EQ(n.density.memory_ratio_max, 4);
+  EXPECT_EQ(n.density.memory_ratio_max, 16);
   EXPECT_TRUE(n.simulate);
 }
 

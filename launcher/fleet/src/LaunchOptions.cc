@@ -58,11 +58,11 @@ void addFleetFlags(po::options_description& desc, LaunchOptions* o) {
 }
 
 po::options_description launchDescription(LaunchOptions* o, NodeOptionTable* table) {
-  po::options_description fleet("fleet options");
+  po::options_description fleet("fleet options", 120, 60);
   addFleetFlags(fleet, o);
-  po::options_description node("node options (the same as dsec serve's)");
+  po::options_description node("node options (the same as dsec serve's)", 120, 60);
   table->addTo(node);
-  po::options_description all;
+  po::options_description all(120, 60);
   all.add(fleet).add(node);
   return all;
 }
