@@ -111,13 +111,13 @@ class QosRound {
   // One configuration on a fresh embedded node: the loop's sandbox, optionally with stress sandboxes around it.
   Result<json> measure(bool qos, bool exclusive_pool, bool stress) {
     launcher::ServeOptions serve;
-    serve.root = root_;
-    serve.listen = "127.0.0.1:0";
-    serve.fleet_name = "bench-qos";
-    serve.node_name = "qos";
+    serve.node.root = root_;
+    serve.http.listen = "127.0.0.1:0";
+    serve.node.fleet_name = "bench-qos";
+    serve.node.node_name = "qos";
     serve.write_fleet_file = false;
-    serve.cpu_qos = qos;
-    serve.cpu_exclusive_pool = exclusive_pool;
+    serve.node.cpu_qos = qos;
+    serve.node.cpu_exclusive_pool = exclusive_pool;
     DSEC_ASSIGN_OR_RETURN(auto node, launcher::EmbeddedNode::start(serve));
     ApiClient client(FleetAddress{node->endpoint(), node->token()});
     Result<json> result = run(client, qos, stress);

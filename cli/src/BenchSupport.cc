@@ -59,16 +59,16 @@ Result<BenchTarget> openBenchTarget(const BenchTargetOptions& options) {
     return target;
   }
   launcher::ServeOptions serve;
-  serve.root = options.root;
-  serve.listen = "127.0.0.1:0";
-  serve.fleet_name = "bench";
-  serve.node_name = "bench";
+  serve.node.root = options.root;
+  serve.http.listen = "127.0.0.1:0";
+  serve.node.fleet_name = "bench";
+  serve.node.node_name = "bench";
   serve.write_fleet_file = false;
-  serve.max_sandboxes = options.max_sandboxes;
-  serve.density.overcommit = options.overcommit;
-  serve.memory_capacity_bytes = options.memory_capacity_bytes;
-  if (!options.fncall) serve.fncall.max_workers = 0;
-  serve.cpu_qos = options.cpu_qos;
+  serve.node.max_sandboxes = options.max_sandboxes;
+  serve.node.density.overcommit = options.overcommit;
+  serve.node.memory_capacity_bytes = options.memory_capacity_bytes;
+  if (!options.fncall) serve.node.fncall.max_workers = 0;
+  serve.node.cpu_qos = options.cpu_qos;
   DSEC_ASSIGN_OR_RETURN(target.node, launcher::EmbeddedNode::start(serve));
   target.address = FleetAddress{target.node->endpoint(), target.node->token()};
   return target;

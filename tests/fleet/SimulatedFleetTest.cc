@@ -46,12 +46,12 @@ std::unique_ptr<EmbeddedNode> startSimulated(const std::string& root, const std:
     out << token << "\n";
   }
   ServeOptions o;
-  o.root = root;
-  o.listen = "127.0.0.1:0";
-  o.fleet_name = "sim";
-  o.node_name = name;
+  o.node.root = root;
+  o.http.listen = "127.0.0.1:0";
+  o.node.fleet_name = "sim";
+  o.node.node_name = name;
   o.write_fleet_file = false;
-  o.simulate = true;
+  o.node.simulate = true;
   auto node = EmbeddedNode::start(o);
   EXPECT_TRUE(node.ok()) << (node.ok() ? "" : node.error().message());
   return node.ok() ? std::move(*node) : nullptr;

@@ -78,7 +78,7 @@ TEST_F(ApiTest, ServeUntilSignalStopsCleanlyOnSigterm) {
   ::setenv("HOME", home.path().c_str(), 1);
   auto o = options();
   o.write_fleet_file = true;
-  o.fleet_name = "sigterm-test";
+  o.node.fleet_name = "sigterm-test";
   Status result = Error::internal("not returned");
   std::thread server([&] { result = launcher::serveUntilSignal(o); });
   std::string path = home.path() + "/.dsec/fleets/sigterm-test.json";
@@ -201,7 +201,7 @@ TEST_F(ApiTest, SurvivesGarbageAndAbandonedRequests) {
 
 TEST_F(ApiTest, ConnectionLimitAnswers503) {
   auto o = options();
-  o.max_connections = 2;
+  o.http.max_connections = 2;
   ASSERT_TRUE(startNode(o));
   HttpTestClient a(node_->endpoint(), node_->token()), b(node_->endpoint(), node_->token());
   ASSERT_EQ(a.get("/v1/node").status, 200);  // both stay connected (keep-alive)

@@ -13,8 +13,8 @@
 #include "dsec/backends/container/ContainerBackend.h"
 #include "dsec/common/Strings.h"
 #include "dsec/fs3/LayerStore.h"
-#include "dsec/launcher/node/NodeAgent.h"
 #include "dsec/launcher/api/Serve.h"
+#include "dsec/launcher/node/NodeAgent.h"
 #include "dsec/testing/TestSupport.h"
 
 namespace dsec::testing {
@@ -100,13 +100,13 @@ class ApiCallTest : public ::testing::Test {
 
   launcher::ServeOptions options() {
     launcher::ServeOptions o;
-    o.root = root_->path();
-    o.listen = "127.0.0.1:0";
-    o.fleet_name = "call-test";
-    o.node_name = "c0";
+    o.node.root = root_->path();
+    o.http.listen = "127.0.0.1:0";
+    o.node.fleet_name = "call-test";
+    o.node.node_name = "c0";
     o.write_fleet_file = false;
-    o.fncall.image = kImage;
-    o.fncall.max_workers = 2;
+    o.node.fncall.image = kImage;
+    o.node.fncall.max_workers = 2;
     return o;
   }
   void start(const launcher::ServeOptions& o) {
@@ -206,7 +206,7 @@ TEST_F(ApiCallTest, BadRequestsAndMissingImages) {
 
 TEST_F(ApiCallTest, DefaultImageMissingIsA404SayingHowToBuildIt) {
   auto o = options();
-  o.fncall.image = launcher::kDefaultFncallImage;
+  o.node.fncall.image = launcher::kDefaultFncallImage;
   start(o);
   auto r = client_->postJson("/v1/call", {{"code", "print(1)"}});
   EXPECT_EQ(r.status, 404);
@@ -272,8 +272,8 @@ TEST_F(ApiCallTest, RestartedNodeReapsWorkersLeftBehind) {
 
 TEST_F(ApiCallTest, OverloadIsA429WithRetryAfter) {
   auto o = options();
-  o.fncall.max_workers = 1;
-  o.fncall.queue_wait_seconds = 0.2;
+  o.node.fncall.max_workers = 1;
+  o.node.fncall.queue_wait_seconds = 0.2;
   start(o);
   // Warm the single worker (it starts on the first call; until it is up a call may see the 0.2 s queue wait's 429),
   // then keep it busy.

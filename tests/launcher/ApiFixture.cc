@@ -30,10 +30,10 @@ void ApiTest::TearDown() {
 
 launcher::ServeOptions ApiTest::options() {
   launcher::ServeOptions o;
-  o.root = root_->path();
-  o.listen = "127.0.0.1:0";
-  o.fleet_name = "launcher-test";
-  o.node_name = "t0";
+  o.node.root = root_->path();
+  o.http.listen = "127.0.0.1:0";
+  o.node.fleet_name = "launcher-test";
+  o.node.node_name = "t0";
   o.write_fleet_file = false;
   return o;
 }

@@ -282,7 +282,7 @@ TEST_F(ApiTest, IdleAndAbsoluteTimeoutsReap) {
 
 TEST_F(ApiTest, CapacityGives429WithRetryAfter) {
   auto o = options();
-  o.max_sandboxes = 1;
+  o.node.max_sandboxes = 1;
   ASSERT_TRUE(startNode(o));
   SKIP_WITHOUT_BACKEND();
   ASSERT_FALSE(createSandbox().empty());

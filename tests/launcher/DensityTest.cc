@@ -50,9 +50,9 @@ class DensityTest : public ApiTest {
 
   launcher::ServeOptions densityOptions() {
     launcher::ServeOptions o = options();
-    o.memory_capacity_bytes = kCapacity;
-    o.cpu_qos = false;  // CPU QoS (cpusets, SCHED_IDLE) is not under test here
-    placement::DensityConfig& c = o.density;
+    o.node.memory_capacity_bytes = kCapacity;
+    o.node.cpu_qos = false;  // CPU QoS (cpusets, SCHED_IDLE) is not under test here
+    placement::DensityConfig& c = o.node.density;
     for (int i = 0; i < 3; ++i) {
       c.psi_some_enter[i] = c.psi_some_leave[i] = c.psi_full_enter[i] = c.psi_full_leave[i] = 101;
     }
@@ -207,9 +207,9 @@ TEST_F(DensityTest, OomInsideASandboxIsReportedToItsOwner) {
 TEST_F(DensityTest, StaticModeAdmitsByCommittedLimitsOnly) {
   DSEC_SKIP_UNLESS_ROOT();
   launcher::ServeOptions o = options();
-  o.density.overcommit = false;
-  o.memory_capacity_bytes = 160 * kMiB;
-  o.cpu_qos = false;
+  o.node.density.overcommit = false;
+  o.node.memory_capacity_bytes = 160 * kMiB;
+  o.node.cpu_qos = false;
   ASSERT_TRUE(startNode(o));
   SKIP_WITHOUT_BACKEND();
   EXPECT_EQ(density()["mode"], "static");

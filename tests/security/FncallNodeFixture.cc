@@ -40,14 +40,14 @@ void FncallNodeAttack::TearDown() {
 
 launcher::ServeOptions FncallNodeAttack::options() {
   launcher::ServeOptions o;
-  o.root = root_->path();
-  o.listen = "127.0.0.1:0";
-  o.fleet_name = "attack";
-  o.node_name = "a0";
+  o.node.root = root_->path();
+  o.http.listen = "127.0.0.1:0";
+  o.node.fleet_name = "attack";
+  o.node.node_name = "a0";
   o.write_fleet_file = false;
-  o.fncall.image = kImage;
-  o.fncall.max_workers = 1;
-  o.fncall.queue_wait_seconds = 120;  // a loaded machine may take long to start the worker
+  o.node.fncall.image = kImage;
+  o.node.fncall.max_workers = 1;
+  o.node.fncall.queue_wait_seconds = 120;  // a loaded machine may take long to start the worker
   return o;
 }
 

@@ -67,7 +67,7 @@ double numberAfter(const std::string& text, const std::string& key) {
 
 TEST_F(FncallNodeAttack, CallsOfDifferentWorkersAreDifferentHostUsers) {
   auto o = options();
-  o.fncall.max_workers = 2;
+  o.node.fncall.max_workers = 2;
   start(o);
   if (IsSkipped() || HasFatalFailure()) return;
   // A second client: one client's requests go one after another on its connection.

@@ -15,9 +15,9 @@
 #include "Attacker.h"
 #include "HttpTestClient.h"
 #include "dsec/common/Strings.h"
-#include "dsec/launcher/fleet/Gateway.h"
 #include "dsec/launcher/api/HttpServer.h"
 #include "dsec/launcher/api/Serve.h"
+#include "dsec/launcher/fleet/Gateway.h"
 #include "dsec/testing/TestSupport.h"
 
 namespace dsec::testing {
@@ -43,16 +43,16 @@ class Edge {
     if (kind == "node") {
       e->root_ = std::make_unique<TempDir>();
       launcher::ServeOptions o;
-      o.root = e->root_->path();
-      o.listen = "127.0.0.1:0";
-      o.fleet_name = "security-test";
-      o.node_name = "s0";
+      o.node.root = e->root_->path();
+      o.http.listen = "127.0.0.1:0";
+      o.node.fleet_name = "security-test";
+      o.node.node_name = "s0";
       o.write_fleet_file = false;
-      o.simulate = true;
-      o.max_connections = max_connections;
-      o.max_client_connections = kClientBudget;
-      o.header_timeout_seconds = kHeaderTimeout;
-      o.body_timeout_seconds = kBodyTimeout;
+      o.node.simulate = true;
+      o.http.max_connections = max_connections;
+      o.http.max_client_connections = kClientBudget;
+      o.http.header_timeout_seconds = kHeaderTimeout;
+      o.http.body_timeout_seconds = kBodyTimeout;
       auto node = launcher::EmbeddedNode::start(o);
       EXPECT_TRUE(node.ok()) << node.error().toString();
       if (!node.ok()) return nullptr;

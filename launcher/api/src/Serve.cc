@@ -15,9 +15,9 @@
 #include "dsec/launcher/api/ApiServer.h"
 #include "dsec/launcher/api/Credentials.h"
 #include "dsec/launcher/api/HttpServer.h"
+#include "dsec/launcher/api/StopSignals.h"
 #include "dsec/launcher/node/Metrics.h"
 #include "dsec/launcher/node/NodeAgent.h"
-#include "dsec/launcher/api/StopSignals.h"
 
 namespace dsec::launcher {
 namespace {
@@ -55,57 +55,39 @@ class EmbeddedNodeImpl : public EmbeddedNode {
 
   Status init() {
     installSigpipeHandler();
-    DSEC_TRY(validateNodeName(options_.node_name));
-    if (options_.write_fleet_file) DSEC_TRY(validateFleetName(options_.fleet_name));
-    if (options_.max_sandboxes <= 0) return Error::invalid("max_sandboxes must be positive");
-    if (options_.max_connections <= 0) return Error::invalid("max_connections must be positive");
-    HttpServerOptions http_options;
-    http_options.listen = options_.listen;
-    http_options.max_connections = options_.max_connections;
-    http_options.max_client_connections = options_.max_client_connections;
-    http_options.header_timeout_seconds = options_.header_timeout_seconds;
-    http_options.body_timeout_seconds = options_.body_timeout_seconds;
-    http_options.body_min_rate = options_.body_min_rate;
-    DSEC_TRY(validateHttpServerOptions(http_options));
+    const NodeOptions& node = options_.node;
+    DSEC_TRY(validateNodeName(node.node_name));
+    if (options_.write_fleet_file) DSEC_TRY(validateFleetName(node.fleet_name));
+    if (node.root.empty()) return Error::invalid("the node's root is empty");
+    if (node.max_sandboxes <= 0) return Error::invalid("max_sandboxes must be positive");
+    DSEC_TRY(validateHttpServerOptions(options_.http));
     if (options_.output_budget_bytes != 0 && options_.output_budget_bytes < kMinOutputBudget) {
       return Error::invalid("the output budget must be at least " + std::to_string(kMinOutputBudget) + " bytes");
     }
-    if (auto st = makeDirs(options_.root, 0755); !st.ok()) return st.error().wrap("creating root " + options_.root);
-    DSEC_ASSIGN_OR_RETURN(token_, loadOrCreateToken(options_.root));
-    NodeOptions node_options;
-    node_options.root = options_.root;
-    node_options.node_name = options_.node_name;
-    node_options.fleet_name = options_.fleet_name;
-    node_options.max_sandboxes = options_.max_sandboxes;
-    node_options.cgroup_parent = options_.cgroup_parent;
-    node_options.simulate = options_.simulate;
-    node_options.fncall = options_.fncall;
-    node_options.density = options_.density;
-    node_options.memory_capacity_bytes = options_.memory_capacity_bytes;
-    node_options.cpu_qos = options_.cpu_qos;
-    node_options.cpu_exclusive_pool = options_.cpu_exclusive_pool;
-    node_options.user_namespaces = options_.user_namespaces;
-    DSEC_ASSIGN_OR_RETURN(agent_, NodeAgent::start(node_options, &metrics_));
+    if (auto st = makeDirs(node.root, 0755); !st.ok()) return st.error().wrap("creating root " + node.root);
+    DSEC_ASSIGN_OR_RETURN(token_, loadOrCreateToken(node.root));
+    DSEC_ASSIGN_OR_RETURN(agent_, NodeAgent::start(node, &metrics_));
     metrics_.setGaugeRenderer([agent = agent_.get()](std::string* out) { agent->renderGauges(out); });
     ApiServerOptions api_options;
     api_options.output_budget_bytes = options_.output_budget_bytes;
     api_ = std::make_unique<ApiServer>(agent_.get(), token_, api_options);
-    auto server = HttpServer::start(http_options, api_.get());
+    auto server = HttpServer::start(options_.http, api_.get());
     if (!server.ok()) {
       agent_->shutdown(false);
       return server.error();
     }
     http_ = std::move(*server);
     if (options_.write_fleet_file) {
-      auto st = writeFleetFile(options_.fleet_name, http_->endpoint(), token_, options_.node_name, options_.root);
+      const NodeOptions& node = options_.node;
+      auto st = writeFleetFile(node.fleet_name, http_->endpoint(), token_, node.node_name, node.root);
       if (!st.ok()) {
         http_->stop();
         agent_->shutdown(false);
         return st.error().wrap("writing the fleet file");
       }
     }
-    DSEC_LOG(kInfo, kLog) << "node " << options_.node_name << " of fleet " << options_.fleet_name << " serving on "
-                          << http_->endpoint() << " (root " << options_.root << ")";
+    DSEC_LOG(kInfo, kLog) << "node " << options_.node.node_name << " of fleet " << options_.node.fleet_name
+                          << " serving on " << http_->endpoint() << " (root " << options_.node.root << ")";
     return okStatus();
   }
 
@@ -120,8 +102,8 @@ class EmbeddedNodeImpl : public EmbeddedNode {
     if (http_) http_->stop();
     if (agent_) agent_->shutdown(destroy_sandboxes);
     metrics_.setGaugeRenderer(nullptr);
-    if (options_.write_fleet_file && !endpoint.empty()) removeFleetFileIfOurs(options_.fleet_name, endpoint);
-    DSEC_LOG(kInfo, kLog) << "node " << options_.node_name << " stopped"
+    if (options_.write_fleet_file && !endpoint.empty()) removeFleetFileIfOurs(options_.node.fleet_name, endpoint);
+    DSEC_LOG(kInfo, kLog) << "node " << options_.node.node_name << " stopped"
                           << (destroy_sandboxes ? " (sandboxes destroyed)" : " (sandboxes left for re-adoption)");
   }
 
@@ -137,6 +119,12 @@ class EmbeddedNodeImpl : public EmbeddedNode {
 };
 
 }  // namespace
+
+HttpServerOptions defaultServeHttpOptions() {
+  HttpServerOptions http;
+  http.listen = "127.0.0.1:8470";
+  return http;
+}
 
 Result<std::unique_ptr<EmbeddedNode>> EmbeddedNode::start(const ServeOptions& options) {
   // The node holds its token in memory: nothing but host root may read it through /proc or ptrace, and no core

@@ -36,10 +36,13 @@
 
 namespace dsec::launcher {
 
+// The fleet name of `dsec serve` and `dsec-launch` when none is given (clients default to it too).
+inline constexpr const char* kDefaultFleetName = "default";
+
 struct NodeOptions {
   std::string root;
   std::string node_name = "n0";
-  std::string fleet_name = "default";
+  std::string fleet_name = kDefaultFleetName;
   int64_t max_sandboxes = 4096;
   double reaper_interval_seconds = 1.0;
   std::string cgroup_parent;  // empty: cgroupParentForRoot(root)

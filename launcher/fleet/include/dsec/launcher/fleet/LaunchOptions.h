@@ -1,0 +1,42 @@
+// dsec-launch's command line: every node flag of the shared table (NodeOptionTable.h, the same as `dsec serve`)
+// plus the flags of the fleet itself (the gateway, joining, draining, MPI). See docs/fleet.md.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "dsec/common/Result.h"
+#include "dsec/launcher/api/Serve.h"
+
+namespace dsec::launcher::fleet {
+
+struct LaunchOptions {
+  // The node: every NodeOptionTable flag. Its listen address is --address:--node-port, its name --node-name or
+  // the Slurm node's; node.fleet_name is --fleet (or --fleet-name, or --join), default $DSEC_FLEET, else
+  // kDefaultFleetName.
+  ServeOptions serve;
+  std::string node_name;  // --node-name as given ("" : $SLURMD_NODENAME or the host name; made safe later)
+  std::string state_dir;  // per-node: token, state, layer mounts (default <root>/nodes/<node>)
+  std::string address;    // advertised address (default: the interface that routes to srun's host)
+  int node_port = 0;
+  int port = 0;  // gateway port (0: a free one, kept across gateway restarts)
+  std::string join;
+  double drain_timeout = 30;
+  bool no_mpi = false;
+  // The gateway's admission and node liveness (GatewayOptions).
+  double cpu_overcommit = 8.0;
+  double memory_overcommit = 1.0;
+  double lost_after = 3.0;
+  // The gateway process: --gateway-config FILE, or (older form) its settings as flags.
+  bool gateway_only = false;
+  std::string gateway_config;
+  std::string token_file, seed_file, port_file;
+  bool help = false;  // --help: usage() was asked for
+};
+
+// Parses dsec-launch's arguments (argv[0] is skipped). Bad values are refused with an error naming the flag.
+Result<LaunchOptions> parseLaunchOptions(const std::vector<std::string>& args);
+// The usage text with every flag and its default.
+std::string launchUsage();
+
+}  // namespace dsec::launcher::fleet

@@ -1,0 +1,236 @@
+#include "dsec/launcher/fleet/GatewayProcess.h"
+
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "dsec/common/Logging.h"
+#include "dsec/common/Strings.h"
+#include "dsec/launcher/api/StopSignals.h"
+#include "dsec/launcher/fleet/Gateway.h"
+
+namespace dsec::launcher::fleet {
+namespace {
+
+using nlohmann::json;
+constexpr const char* kLog = "launch";
+
+bool finitePositive(double x) { return std::isfinite(x) && x > 0; }
+
+Status checkConfig(const GatewayProcessConfig& c) {
+  if (c.fleet_name.empty()) return Error::invalid("gateway config: fleet_name is empty");
+  if (c.token_file.empty()) return Error::invalid("gateway config: token_file is empty");
+  if (c.port < 0 || c.port > 65535) return Error::invalid("gateway config: port " + std::to_string(c.port));
+  if (!finitePositive(c.cpu_overcommit)) return Error::invalid("gateway config: cpu_overcommit must be > 0");
+  if (!finitePositive(c.memory_overcommit)) return Error::invalid("gateway config: memory_overcommit must be > 0");
+  if (!finitePositive(c.lost_after_seconds)) return Error::invalid("gateway config: lost_after_seconds must be > 0");
+  return validateHttpServerOptions(gatewayHttpOptions(c));
+}
+
+template <typename T>
+void field(const json& j, const char* key, T* out) {
+  if (j.contains(key)) *out = j.at(key).get<T>();
+}
+
+}  // namespace
+
+void setGatewayHttp(const HttpServerOptions& http, GatewayProcessConfig* c) {
+  c->max_connections = http.max_connections;
+  c->max_client_connections = http.max_client_connections;
+  c->client_queue_seconds = http.client_queue_seconds;
+  c->header_timeout_seconds = http.header_timeout_seconds;
+  c->body_timeout_seconds = http.body_timeout_seconds;
+  c->body_min_rate = http.body_min_rate;
+  c->idle_timeout_ms = http.idle_timeout_ms;
+}
+
+HttpServerOptions gatewayHttpOptions(const GatewayProcessConfig& c) {
+  HttpServerOptions h;
+  h.listen = (c.address.empty() ? std::string("0.0.0.0") : c.address) + ":" + std::to_string(c.port);
+  h.max_connections = c.max_connections;
+  h.max_client_connections = c.max_client_connections;
+  h.client_queue_seconds = c.client_queue_seconds;
+  h.header_timeout_seconds = c.header_timeout_seconds;
+  h.body_timeout_seconds = c.body_timeout_seconds;
+  h.body_min_rate = c.body_min_rate;
+  h.idle_timeout_ms = c.idle_timeout_ms;
+  return h;
+}
+
+Status writeGatewayConfig(const std::string& path, const GatewayProcessConfig& c) {
+  json j = {{"fleet_name", c.fleet_name},
+            {"token_file", c.token_file},
+            {"seed_file", c.seed_file},
+            {"port_file", c.port_file},
+            {"address", c.address},
+            {"port", c.port},
+            {"cpu_overcommit", c.cpu_overcommit},
+            {"memory_overcommit", c.memory_overcommit},
+            {"lost_after_seconds", c.lost_after_seconds},
+            {"max_connections", c.max_connections},
+            {"max_client_connections", c.max_client_connections},
+            {"client_queue_seconds", c.client_queue_seconds},
+            {"header_timeout_seconds", c.header_timeout_seconds},
+            {"body_timeout_seconds", c.body_timeout_seconds},
+            {"body_min_rate", c.body_min_rate},
+            {"idle_timeout_ms", c.idle_timeout_ms}};
+  return writeFileAtomic(path, j.dump(2) + "\n", 0600);
+}
+
+Result<GatewayProcessConfig> readGatewayConfig(const std::string& path) {
+  DSEC_ASSIGN_OR_RETURN(std::string text, readFile(path));
+  json j = json::parse(text, nullptr, false);
+  if (!j.is_object()) return Error::invalid("gateway config " + path + ": not a JSON object");
+  GatewayProcessConfig c;
+  const char* key = "";
+  try {
+    auto get = [&](const char* k, auto* out) {
+      key = k;
+      field(j, k, out);
+    };
+    get("fleet_name", &c.fleet_name);
+    get("token_file", &c.token_file);
+    get("seed_file", &c.seed_file);
+    get("port_file", &c.port_file);
+    get("address", &c.address);
+    get("port", &c.port);
+    get("cpu_overcommit", &c.cpu_overcommit);
+    get("memory_overcommit", &c.memory_overcommit);
+    get("lost_after_seconds", &c.lost_after_seconds);
+    get("max_connections", &c.max_connections);
+    get("max_client_connections", &c.max_client_connections);
+    get("client_queue_seconds", &c.client_queue_seconds);
+    get("header_timeout_seconds", &c.header_timeout_seconds);
+    get("body_timeout_seconds", &c.body_timeout_seconds);
+    get("body_min_rate", &c.body_min_rate);
+    get("idle_timeout_ms", &c.idle_timeout_ms);
+  } catch (const json::exception& e) {
+    return Error::invalid("gateway config " + path + ": field " + key + ": " + e.what());
+  }
+  if (auto st = checkConfig(c); !st.ok()) return Error::invalid(path + ": " + st.error().message());
+  return c;
+}
+
+int runGatewayProcess(const GatewayProcessConfig& config) {
+  auto token = readFile(config.token_file);
+  if (!token.ok()) {
+    DSEC_LOG(kError, kLog) << "reading the token: " << token.error().message();
+    return 1;
+  }
+  GatewayOptions go;
+  go.fleet_name = config.fleet_name;
+  go.token = trim(*token);
+  go.cpu_overcommit = config.cpu_overcommit;
+  go.memory_overcommit = config.memory_overcommit;
+  go.lost_after_seconds = config.lost_after_seconds;
+  Gateway gateway(go);
+  if (!config.seed_file.empty()) {
+    if (auto seed = readFile(config.seed_file); seed.ok()) {
+      auto j = json::parse(*seed, nullptr, false);
+      if (j.is_object() && j.contains("nodes")) {
+        for (const auto& n : j["nodes"]) {
+          if (auto spec = parseNodeSpec(n); spec.ok()) (void)gateway.registerNode(*spec, true);
+        }
+      }
+    }
+  }
+  (void)installStopSignals();
+  auto server = HttpServer::start(gatewayHttpOptions(config), &gateway);
+  if (!server.ok()) {
+    DSEC_LOG(kError, kLog) << "gateway: " << server.error().message();
+    return 1;
+  }
+  gateway.start();
+  if (!config.port_file.empty()) (void)writeFileAtomic(config.port_file, std::to_string((*server)->port()), 0600);
+  DSEC_LOG(kInfo, kLog) << "gateway of fleet " << config.fleet_name << " on port " << (*server)->port();
+  while (waitForStopSignal(-1) == 0) {
+  }
+  (*server)->stop();
+  gateway.stop();
+  return 0;
+}
+
+GatewaySupervisor::GatewaySupervisor(GatewayProcessConfig config, std::string config_path)
+    : config_(std::move(config)), config_path_(std::move(config_path)) {}
+
+GatewaySupervisor::~GatewaySupervisor() { stop(); }
+
+Result<int> GatewaySupervisor::start() {
+  port_ = config_.port;
+  ::unlink(config_.port_file.c_str());
+  thread_ = std::thread([this] { loop(); });
+  for (int i = 0; i < 200; ++i) {
+    if (auto text = readFile(config_.port_file); text.ok() && !trim(*text).empty()) {
+      port_ = std::stoi(trim(*text));
+      return port_.load();
+    }
+    ::usleep(50 * 1000);
+  }
+  return Error(ErrorCode::kTimeout, "the gateway did not start within 10 s");
+}
+
+void GatewaySupervisor::stop() {
+  stopping_ = true;
+  pid_t pid = pid_.load();
+  if (pid > 0) ::kill(pid, SIGTERM);
+  if (thread_.joinable()) thread_.join();
+}
+
+// One gateway process, from fork to its end; false if it could not be started.
+bool GatewaySupervisor::spawnOnce(pid_t parent) {
+  GatewayProcessConfig config = config_;
+  config.port = port_.load();
+  if (auto st = writeGatewayConfig(config_path_, config); !st.ok()) {
+    DSEC_LOG(kError, kLog) << "writing the gateway config: " << st.error().message();
+    return false;
+  }
+  std::vector<std::string> argv = {"dsec-launch",     "--gateway-only",   "--fleet",
+                                   config.fleet_name, "--gateway-config", config_path_};
+  std::vector<char*> cargv;
+  for (auto& s : argv) cargv.push_back(s.data());
+  cargv.push_back(nullptr);
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (::getppid() != parent) ::_exit(1);
+    ::execv("/proc/self/exe", cargv.data());
+    ::_exit(127);
+  }
+  if (pid < 0) return false;
+  pid_ = pid;
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  pid_ = 0;
+  if (!stopping_) {
+    DSEC_LOG(kWarn, kLog) << "gateway process " << pid << " ended ("
+                          << (WIFSIGNALED(status) ? std::string("signal ") + strsignal(WTERMSIG(status))
+                                                  : "exit " + std::to_string(WEXITSTATUS(status)))
+                          << "): restarting it on port " << port_.load();
+  }
+  return true;
+}
+
+void GatewaySupervisor::loop() {
+  // The child gets SIGTERM when this thread's process dies (PR_SET_PDEATHSIG follows the forking thread, which
+  // lives as long as the supervisor).
+  pid_t parent = ::getpid();
+  while (!stopping_) {
+    if (!spawnOnce(parent)) {
+      ::sleep(1);
+      continue;
+    }
+    if (stopping_) break;
+    ::usleep(200 * 1000);
+  }
+}
+
+}  // namespace dsec::launcher::fleet

@@ -1,0 +1,199 @@
+// MPI only coordinates the start: rank 0 makes the fleet token, every rank starts its node agent, the ranks
+// exchange endpoints and capacity once, and rank 0 starts the gateway (a supervised child process, restarted if it
+// dies) and writes the fleet file. Then every rank leaves MPI and talks HTTP only, so a dead rank does not take
+// the others down.
+#include "MpiLaunch.h"
+
+#include <mpi.h>
+
+#include <chrono>
+#include <cstdio>
+#include <future>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dsec/common/Logging.h"
+#include "dsec/common/Strings.h"
+#include "dsec/launcher/api/Credentials.h"
+#include "dsec/launcher/api/StopSignals.h"
+#include "dsec/launcher/fleet/GatewayProcess.h"
+#include "dsec/launcher/fleet/LaunchNode.h"
+
+namespace dsec::launcher {
+namespace {
+
+using fleet::LaunchOptions;
+using fleet::RunningNode;
+using nlohmann::json;
+constexpr const char* kLog = "launch";
+constexpr int kBlob = 1024;
+
+struct World {
+  bool mpi = false;
+  int rank = 0;
+  int size = 1;
+};
+
+World initMpi(const LaunchOptions& options, int* argc, char*** argv) {
+  World w;
+  w.mpi = !options.no_mpi;
+  if (w.mpi) {
+    int provided = 0;
+    MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
+    MPI_Comm_rank(MPI_COMM_WORLD, &w.rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &w.size);
+  }
+  return w;
+}
+
+// Leaves MPI once start-up is over. A rank that stays a PMIx client would take the whole step down when it dies:
+// the PMIx server in slurmstepd kills every task of the step on a client's lost connection, whatever
+// --kill-on-bad-exit says. A finalized rank can die (and be replaced through --join) without touching the others.
+// A peer that died before its fence can hold MPI_Finalize for ever, so it gets a bounded time, then this rank exits.
+void finalizeMpiWithin(double seconds, int exit_code_on_timeout) {
+  std::promise<void> finished;
+  std::thread watchdog([done = finished.get_future(), seconds, exit_code_on_timeout] {
+    if (done.wait_for(std::chrono::duration<double>(seconds)) == std::future_status::ready) return;
+    DSEC_LOG(kError, kLog) << "MPI_Finalize did not end within " << seconds << " s (a peer rank died): exiting";
+    ::_exit(exit_code_on_timeout);
+  });
+  MPI_Finalize();
+  finished.set_value();
+  watchdog.join();
+}
+
+// 1. The fleet token: rank 0 makes it.
+std::string broadcastToken(const World& w) {
+  char token_buf[65] = {};
+  if (w.rank == 0) std::snprintf(token_buf, sizeof(token_buf), "%s", randomHex(64).c_str());
+  if (w.mpi) MPI_Bcast(token_buf, sizeof(token_buf), MPI_CHAR, 0, MPI_COMM_WORLD);
+  return token_buf;
+}
+
+// 3. Every rank's name, endpoint and capacity (or its start error) to every rank; the same table on each, so a
+// failure stops every rank. Returns the table, or the failure.
+Result<json> exchangeNodes(const World& w, const Result<RunningNode>& node) {
+  std::string blob_text =
+      node.ok() ? json{{"name", node->name},
+                       {"endpoint", node->endpoint},
+                       {"capacity", {{"cpus", node->capacity.cpus}, {"memory_bytes", node->capacity.memory_bytes}}}}
+                      .dump()
+                : json{{"error", node.error().message()}}.dump();
+  std::vector<char> mine(kBlob, 0), all(static_cast<size_t>(kBlob) * w.size, 0);
+  std::snprintf(mine.data(), kBlob, "%s", blob_text.c_str());
+  if (w.mpi) {
+    MPI_Allgather(mine.data(), kBlob, MPI_CHAR, all.data(), kBlob, MPI_CHAR, MPI_COMM_WORLD);
+  } else {
+    all = mine;
+  }
+  json nodes = json::array();
+  std::map<std::string, int> names;
+  for (int r = 0; r < w.size; ++r) {
+    auto j = json::parse(std::string(all.data() + static_cast<size_t>(r) * kBlob), nullptr, false);
+    if (!j.is_object() || j.contains("error")) {
+      return Error::internal("rank " + std::to_string(r) + " could not start its node: " +
+                             (j.is_object() ? j["error"].get<std::string>() : std::string("?")));
+    }
+    if (names.count(j["name"])) {
+      return Error::invalid("ranks " + std::to_string(names[j["name"]]) + " and " + std::to_string(r) +
+                            " are both node " + j["name"].get<std::string>() +
+                            ": run one rank per node (--ntasks-per-node=1)");
+    }
+    names[j["name"]] = r;
+    nodes.push_back(j);
+  }
+  return nodes;
+}
+
+// 4. Rank 0: the gateway process, from a config file in the fleet state dir, and the fleet file. Returns the
+// gateway's URL ("" if it did not start).
+std::string startGateway(const LaunchOptions& options, const std::string& fleet_dir, const std::string& token,
+                         const json& nodes, std::unique_ptr<fleet::GatewaySupervisor>* supervisor) {
+  const std::string& fleet_name = options.serve.node.fleet_name;
+  fleet::GatewayProcessConfig config;
+  config.fleet_name = fleet_name;
+  config.token_file = fleet_dir + "/fleet-token";
+  config.seed_file = fleet_dir + "/fleet-nodes.json";
+  config.port_file = fleet_dir + "/gateway-port";
+  config.port = options.port;
+  config.cpu_overcommit = options.cpu_overcommit;
+  config.memory_overcommit = options.memory_overcommit;
+  config.lost_after_seconds = options.lost_after;
+  fleet::setGatewayHttp(options.serve.http, &config);
+  (void)writeFileAtomic(config.token_file, token, 0600);
+  (void)writeFileAtomic(config.seed_file, json{{"fleet", fleet_name}, {"nodes", nodes}}.dump(2), 0600);
+  *supervisor = std::make_unique<fleet::GatewaySupervisor>(config, fleet_dir + "/gateway-config.json");
+  auto port = (*supervisor)->start();
+  if (!port.ok()) {
+    DSEC_LOG(kError, kLog) << port.error().message();
+    return "";
+  }
+  std::string gateway = "http://" + fleet::advertisedAddress(options, "") + ":" + std::to_string(*port);
+  if (auto st = writeFleetFile(fleet_name, gateway, token, "gateway", options.serve.node.root); !st.ok()) {
+    DSEC_LOG(kError, kLog) << "writing the fleet file: " << st.error().message();
+  }
+  return gateway;
+}
+
+std::string broadcastGateway(const World& w, const std::string& gateway) {
+  char gateway_buf[256] = {};
+  if (w.rank == 0) std::snprintf(gateway_buf, sizeof(gateway_buf), "%s", gateway.c_str());
+  if (w.mpi) MPI_Bcast(gateway_buf, sizeof(gateway_buf), MPI_CHAR, 0, MPI_COMM_WORLD);
+  return gateway_buf;
+}
+
+// After MPI: registers and heartbeats over HTTP until stopped, then takes the node down.
+int serveFleet(const LaunchOptions& options, const World& w, const std::string& gateway, const std::string& token,
+               RunningNode& node, fleet::GatewaySupervisor* supervisor) {
+  const std::string& fleet_name = options.serve.node.fleet_name;
+  fleet::NodeRegistrar registrar(fleet::registrarOptions(gateway, token, node));
+  registrar.start();
+  if (w.rank == 0) {
+    DSEC_LOG(kInfo, kLog) << "fleet " << fleet_name << " of " << w.size << " nodes serving on " << gateway
+                          << " (fleet file " << fleetFilePath(fleet_name) << ")";
+  }
+  fleet::runUntilStopped(node, registrar);
+  DSEC_LOG(kInfo, kLog) << "node " << node.name << " stopping: destroying its sandboxes";
+  // Quickest first: mpirun follows its SIGTERM with a SIGKILL soon after.
+  if (w.rank == 0) removeFleetFileIfOurs(fleet_name, gateway);
+  registrar.stop();
+  node.node->stop(true);
+  if (supervisor) supervisor->stop();
+  return 0;
+}
+
+}  // namespace
+
+int runLaunch(const LaunchOptions& options, int argc, char** argv) {
+  World w = initMpi(options, &argc, &argv);
+  std::string token = broadcastToken(w);
+  (void)installStopSignals();
+  // 2. every rank starts its node
+  auto node = fleet::startLaunchNode(options, token, "");
+  auto nodes = exchangeNodes(w, node);
+  if (!nodes.ok()) {
+    if (node.ok()) node->node->stop(true);
+    if (w.rank == 0) DSEC_LOG(kError, kLog) << nodes.error().message();
+    if (w.mpi) finalizeMpiWithin(5, 1);
+    return 1;
+  }
+  std::unique_ptr<fleet::GatewaySupervisor> supervisor;
+  std::string gateway;
+  if (w.rank == 0)
+    gateway = startGateway(options, fleet::fleetStateDir(options, node->name), token, *nodes, &supervisor);
+  gateway = broadcastGateway(w, gateway);
+  if (gateway.empty()) {
+    DSEC_LOG(kError, kLog) << "rank " << w.rank << ": the gateway did not start";
+    if (w.mpi) MPI_Abort(MPI_COMM_WORLD, 1);
+    return 1;
+  }
+  // From here on MPI is done: each rank registers and heartbeats over HTTP.
+  if (w.mpi) finalizeMpiWithin(30, 1);
+  return serveFleet(options, w, gateway, token, *node, supervisor.get());
+}
+
+}  // namespace dsec::launcher

@@ -1,0 +1,60 @@
+// Every flag of the node option table (NodeOptionTable.h) with a value and what it must set: the cases both
+// fronts, `dsec serve` (tests/launcher/NodeOptionTableTest.cc) and dsec-launch (tests/fleet/LaunchOptionsTest.cc),
+// run through their parsers.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "dsec/launcher/api/Serve.h"
+
+namespace dsec::launcher {
+
+struct FlagCase {
+  std::vector<std::string> args;
+  std::function<bool(const ServeOptions&)> holds;
+};
+
+// with_serve_only: also the flags only `dsec serve` takes from the table (--listen, --node-name; dsec-launch sets
+// them its own way).
+inline std::vector<FlagCase> everyNodeFlag(bool with_serve_only) {
+  std::vector<FlagCase> cases = {
+      {{"--fleet-name", "eval"}, [](const ServeOptions& o) { return o.node.fleet_name == "eval"; }},
+      {{"--max-sandboxes", "7"}, [](const ServeOptions& o) { return o.node.max_sandboxes == 7; }},
+      {{"--reaper-interval", "0.5"}, [](const ServeOptions& o) { return o.node.reaper_interval_seconds == 0.5; }},
+      {{"--cgroup-parent", "dsec-x"}, [](const ServeOptions& o) { return o.node.cgroup_parent == "dsec-x"; }},
+      {{"--simulate"}, [](const ServeOptions& o) { return o.node.simulate; }},
+      {{"--fncall-image", "alpine:3"}, [](const ServeOptions& o) { return o.node.fncall.image == "alpine:3"; }},
+      {{"--fncall-workers", "3"}, [](const ServeOptions& o) { return o.node.fncall.max_workers == 3; }},
+      {{"--fncall-queue-wait", "0.25"}, [](const ServeOptions& o) { return o.node.fncall.queue_wait_seconds == 0.25; }},
+      {{"--overcommit", "off"}, [](const ServeOptions& o) { return !o.node.density.overcommit; }},
+      {{"--memory-ratio-start", "4"}, [](const ServeOptions& o) { return o.node.density.memory_ratio_start == 4; }},
+      {{"--memory-ratio-min", "2"}, [](const ServeOptions& o) { return o.node.density.memory_ratio_min == 2; }},
+      {{"--memory-ratio-max", "16"}, [](const ServeOptions& o) { return o.node.density.memory_ratio_max == 16; }},
+      {{"--cpu-ratio-start", "64"}, [](const ServeOptions& o) { return o.node.density.cpu_ratio_start == 64; }},
+      {{"--cpu-ratio-min", "4"}, [](const ServeOptions& o) { return o.node.density.cpu_ratio_min == 4; }},
+      {{"--cpu-ratio-max", "2048"}, [](const ServeOptions& o) { return o.node.density.cpu_ratio_max == 2048; }},
+      {{"--memory-capacity", "1G"}, [](const ServeOptions& o) { return o.node.memory_capacity_bytes == 1 << 30; }},
+      {{"--density-interval", "2"}, [](const ServeOptions& o) { return o.node.density_interval_seconds == 2; }},
+      {{"--cpu-qos", "off"}, [](const ServeOptions& o) { return !o.node.cpu_qos; }},
+      {{"--cpu-exclusive-pool", "off"}, [](const ServeOptions& o) { return !o.node.cpu_exclusive_pool; }},
+      {{"--user-namespaces", "off"}, [](const ServeOptions& o) { return !o.node.user_namespaces; }},
+      {{"--max-connections", "10"}, [](const ServeOptions& o) { return o.http.max_connections == 10; }},
+      {{"--max-client-connections", "3"}, [](const ServeOptions& o) { return o.http.max_client_connections == 3; }},
+      {{"--client-queue-wait", "1.5"}, [](const ServeOptions& o) { return o.http.client_queue_seconds == 1.5; }},
+      {{"--header-timeout", "5"}, [](const ServeOptions& o) { return o.http.header_timeout_seconds == 5; }},
+      {{"--body-timeout", "6"}, [](const ServeOptions& o) { return o.http.body_timeout_seconds == 6; }},
+      {{"--body-min-rate", "1k"}, [](const ServeOptions& o) { return o.http.body_min_rate == 1024; }},
+      {{"--idle-timeout", "30"}, [](const ServeOptions& o) { return o.http.idle_timeout_ms == 30000; }},
+      {{"--output-budget", "2M"}, [](const ServeOptions& o) { return o.output_budget_bytes == 2u << 20; }},
+  };
+  if (with_serve_only) {
+    cases.push_back(
+        {{"--listen", "0.0.0.0:9000"}, [](const ServeOptions& o) { return o.http.listen == "0.0.0.0:9000"; }});
+    cases.push_back({{"--node-name", "n7"}, [](const ServeOptions& o) { return o.node.node_name == "n7"; }});
+  }
+  return cases;
+}
+
+}  // namespace dsec::launcher

@@ -1,0 +1,124 @@
+// The node option table (NodeOptionTable.h) as `dsec serve` uses it: every flag reaches ServeOptions, bad values
+// are refused naming the flag. dsec-launch's use of it: tests/fleet/LaunchOptionsTest.cc.
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "NodeFlagCases.h"
+#include "dsec/launcher/api/NodeOptionTable.h"
+#include "dsec/testing/TestSupport.h"
+
+namespace dsec::launcher {
+namespace {
+
+namespace po = boost::program_options;
+
+// `dsec serve`'s use of the table: --root comes from the common options, so it is not the table's.
+Status parseServe(const std::vector<std::string>& args, ServeOptions* options) {
+  options->node.root = "/tmp/dsec-root";
+  NodeOptionTable table(options, {.root = false, .listen = true});
+  po::options_description desc;
+  table.addTo(desc);
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(args).options(desc).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    return Error::invalid(e.what());
+  }
+  return table.apply(vm);
+}
+
+TEST(NodeOptionsTable, EveryServeFlagReachesTheOptions) {
+  for (const auto& c : everyNodeFlag(/*with_serve_only=*/true)) {
+    ServeOptions o;
+    Status st = parseServe(c.args, &o);
+    ASSERT_TRUE(st.ok()) << c.args[0] << ": " << st.error().message();
+    EXPECT_TRUE(c.holds(o)) << c.args[0];
+    // Nothing else changed: the same flag missing leaves the default, which the check does not hold for.
+    ServeOptions defaults;
+    ASSERT_TRUE(parseServe({}, &defaults).ok());
+    EXPECT_FALSE(c.holds(defaults)) << c.args[0] << " holds by default: the case tests nothing";
+  }
+}
+
+TEST(NodeOptionsTable, DefaultsAreTheStructs) {
+  ServeOptions o;
+  ASSERT_TRUE(parseServe({}, &o).ok());
+  NodeOptions node;
+  HttpServerOptions http = defaultServeHttpOptions();
+  EXPECT_EQ(o.node.fleet_name, kDefaultFleetName);
+  EXPECT_EQ(o.node.node_name, node.node_name);
+  EXPECT_EQ(o.node.max_sandboxes, node.max_sandboxes);
+  EXPECT_EQ(o.node.fncall.image, node.fncall.image);
+  EXPECT_EQ(o.node.density.overcommit, node.density.overcommit);
+  EXPECT_EQ(o.node.cpu_qos, node.cpu_qos);
+  EXPECT_EQ(o.node.user_namespaces, node.user_namespaces);
+  EXPECT_EQ(o.http.listen, "127.0.0.1:8470");
+  EXPECT_EQ(o.http.max_connections, http.max_connections);
+  EXPECT_EQ(o.http.body_min_rate, http.body_min_rate);
+  EXPECT_EQ(o.http.idle_timeout_ms, http.idle_timeout_ms);
+  EXPECT_EQ(o.output_budget_bytes, 0u);
+}
+
+TEST(NodeOptionsTable, BadValuesAreRefusedNamingTheFlag) {
+  // "--flag=value", so a value that starts with '-' is the flag's.
+  const std::vector<std::string> bad = {
+      "--max-sandboxes=0",
+      "--max-sandboxes=-3",
+      "--max-sandboxes=99999999999999999999",  // over int64
+      "--max-connections=3000000000",          // over int
+      "--max-connections=0",
+      "--max-client-connections=-1",
+      "--header-timeout=0",
+      "--header-timeout=inf",
+      "--body-timeout=nan",
+      "--body-timeout=ten",
+      "--body-min-rate=fast",
+      "--body-min-rate=0",
+      "--body-min-rate=99999999999999999999999G",
+      "--output-budget=1k",
+      "--memory-capacity=-1G",
+      "--idle-timeout=1e10",
+      "--client-queue-wait=-1",
+      "--overcommit=maybe",
+      "--cpu-qos=yes",
+      "--cpu-exclusive-pool=1",
+      "--user-namespaces=no",
+      "--fncall-workers=-1",
+      "--fncall-queue-wait=-0.5",
+      "--fncall-image=",
+      "--memory-ratio-start=100",
+      "--memory-ratio-min=0",
+      "--cpu-ratio-max=1",
+      "--reaper-interval=0",
+      "--density-interval=-1",
+      "--cgroup-parent=../escape",
+      "--listen=8470",
+      "--listen=127.0.0.1:70000",
+      "--fleet-name=../x",
+      "--node-name=Bad_Name",
+  };
+  for (const auto& arg : bad) {
+    ServeOptions o;
+    Status st = parseServe({arg}, &o);
+    ASSERT_FALSE(st.ok()) << arg << " was taken";
+    std::string flag = arg.substr(0, arg.find('='));
+    EXPECT_NE(st.error().message().find(flag), std::string::npos) << arg << ": " << st.error().message();
+  }
+}
+
+TEST(NodeOptionsTable, ValidateNamesTheFlagOfAValueSetInCode) {
+  ServeOptions o;
+  o.node.root = "/tmp/x";
+  EXPECT_TRUE(validateNodeFlags(o).ok());
+  o.http.body_timeout_seconds = 0;
+  Status st = validateNodeFlags(o);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.error().message().find("--body-timeout"), std::string::npos) << st.error().message();
+}
+
+}  // namespace
+}  // namespace dsec::launcher
