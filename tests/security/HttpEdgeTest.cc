@@ -241,9 +241,9 @@ TEST_P(HttpEdgeTest, SlowRequestBodiesAreCutAtTheMinimumRate) {
   Sampler sampler(*edge_);
   // Node and gateway share one edge: both read (and drop) a body sent with GET /healthz, which needs no token
   // (a request that needs one is answered 401 before its body is read).
-  START_ATTACKER(attacker, {"slow-body", "--port", std::to_string(edge_->port()), "--connections", "20",
-                            "--interval-ms", "200", "--for", "15", "--method", "GET", "--path", "/healthz",
-                            "--length", "100000"});
+  START_ATTACKER(attacker,
+                 {"slow-body", "--port", std::to_string(edge_->port()), "--connections", "20", "--interval-ms", "200",
+                  "--for", "15", "--method", "GET", "--path", "/healthz", "--length", "100000"});
   ASSERT_TRUE(sampler.waitFor(attackArrived(20), 30)) << "the attack never arrived: " << sampler.last().dump();
   expectServedPromptly("while slow bodies hold their client's budget");
   auto report = attacker->finish();

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <optional>
 
 #include "dsec/launcher/api/HttpServer.h"
 
@@ -168,25 +169,20 @@ Result<HttpReply> exchange(const std::string& endpoint, const http::request<http
       reply.headers.emplace_back("Content-Type", std::string(it->value()));
     }
     bool to_sink = on_body != nullptr && reply.status >= 200 && reply.status < 300;
-    std::vector<char> piece(kPiece);
-    while (!parser.is_done()) {
-      parser.get().body().data = piece.data();
-      parser.get().body().size = piece.size();
-      http::read_some(stream, buffer, parser, ec);
-      if (ec == http::error::need_buffer) ec = {};
-      if (ec) return transportError(endpoint, "reading the answer of", ec);
-      size_t n = piece.size() - parser.get().body().size;
-      if (n == 0) continue;
+    std::optional<Error> failure;
+    ec = readBodyPieces(stream, buffer, parser, [&](const char* data, size_t n) {
       if (to_sink) {
-        if (!(*on_body)(piece.data(), n)) return Error(ErrorCode::kUnavailable, "stopped reading " + endpoint);
+        if (!(*on_body)(data, n)) failure = Error(ErrorCode::kUnavailable, "stopped reading " + endpoint);
+      } else if (reply.body.size() + n > options.max_body_bytes) {
+        failure = Error(ErrorCode::kUnavailable, "the answer of " + endpoint + " is larger than " +
+                                                     std::to_string(options.max_body_bytes) + " bytes");
       } else {
-        if (reply.body.size() + n > options.max_body_bytes) {
-          return Error(ErrorCode::kUnavailable, "the answer of " + endpoint + " is larger than " +
-                                                    std::to_string(options.max_body_bytes) + " bytes");
-        }
-        reply.body.append(piece.data(), n);
+        reply.body.append(data, n);
       }
-    }
+      return !failure;
+    });
+    if (ec) return transportError(endpoint, "reading the answer of", ec);
+    if (failure) return *failure;
     if (options.pool != nullptr && parser.get().keep_alive() && buffer.size() == 0) {
       options.pool->give(endpoint, std::move(fd));
     }
@@ -195,6 +191,23 @@ Result<HttpReply> exchange(const std::string& endpoint, const http::request<http
 }
 
 }  // namespace
+
+boost::system::error_code readBodyPieces(SocketStream& stream, boost::beast::flat_buffer& buffer,
+                                         http::response_parser<http::buffer_body>& parser,
+                                         const std::function<bool(const char*, size_t)>& on_piece) {
+  std::vector<char> piece(kPiece);
+  boost::system::error_code ec;
+  while (!parser.is_done()) {
+    parser.get().body().data = piece.data();
+    parser.get().body().size = piece.size();
+    http::read_some(stream, buffer, parser, ec);
+    if (ec == http::error::need_buffer) ec = {};
+    if (ec) return ec;
+    size_t n = piece.size() - parser.get().body().size;
+    if (n > 0 && !on_piece(piece.data(), n)) break;
+  }
+  return ec;
+}
 
 Result<HttpReply> call(const std::string& endpoint, http::verb method, const std::string& target,
                        const std::string& token, const std::string& body, const CallOptions& options) {

@@ -19,7 +19,6 @@ namespace {
 namespace net = boost::asio;
 using nlohmann::json;
 constexpr const char* kLog = "fleet";
-constexpr size_t kPiece = size_t{64} * 1024;
 constexpr size_t kHeldBackLimit = size_t{1} << 20;
 
 }  // namespace
@@ -103,36 +102,29 @@ Status forward(HttpExchange& ex, const std::string& endpoint, const std::string&
     reply.status = hold_back_status;
     reply.headers = relayedHeaders(head);
     reply.headers.emplace_back("Content-Type", content_type);
-    std::vector<char> piece(kPiece);
-    while (!parser.is_done()) {
-      parser.get().body().data = piece.data();
-      parser.get().body().size = piece.size();
-      http::read_some(stream, buffer, parser, ec);
-      if (ec == http::error::need_buffer) ec = {};
-      if (ec) return transportError(endpoint, "reading the answer of", ec);
-      reply.body.append(piece.data(), piece.size() - parser.get().body().size);
-      if (reply.body.size() > kHeldBackLimit) {
-        return Error(ErrorCode::kUnavailable, "the answer of " + endpoint + " is too large for a refusal");
-      }
-    }
+    bool too_large = false;
+    ec = readBodyPieces(stream, buffer, parser, [&](const char* data, size_t n) {
+      reply.body.append(data, n);
+      too_large = reply.body.size() > kHeldBackLimit;
+      return !too_large;
+    });
+    if (ec) return transportError(endpoint, "reading the answer of", ec);
+    if (too_large) return Error(ErrorCode::kUnavailable, "the answer of " + endpoint + " is too large for a refusal");
     *held_back = std::move(reply);
     return okStatus();
   }
   if (!ex.beginStream(static_cast<int>(head.result_int()), content_type, length, relayedHeaders(head)))
     return okStatus();
-  std::vector<char> piece(kPiece);
-  while (!parser.is_done()) {
-    parser.get().body().data = piece.data();
-    parser.get().body().size = piece.size();
-    http::read_some(stream, buffer, parser, ec);
-    if (ec == http::error::need_buffer) ec = {};
-    if (ec) {
-      DSEC_LOG(kWarn, kLog) << "forwarding from " << endpoint << " ended early: " << ec.message();
-      ex.forceClose();  // the client sees a truncated transfer, not a short success
-      return okStatus();
-    }
-    size_t n = piece.size() - parser.get().body().size;
-    if (n > 0 && !ex.writeStream(piece.data(), n)) return okStatus();  // client gone
+  bool client_gone = false;
+  ec = readBodyPieces(stream, buffer, parser, [&](const char* data, size_t n) {
+    client_gone = !ex.writeStream(data, n);
+    return !client_gone;
+  });
+  if (client_gone) return okStatus();
+  if (ec) {
+    DSEC_LOG(kWarn, kLog) << "forwarding from " << endpoint << " ended early: " << ec.message();
+    ex.forceClose();  // the client sees a truncated transfer, not a short success
+    return okStatus();
   }
   ex.endStream();
   return okStatus();

@@ -24,23 +24,6 @@ using nlohmann::json;
 
 constexpr const char* kLog = "node";
 
-// The create parameters as the API shows them in a sandbox's info.
-json sandboxParamsJson(const CreateParams& p) {
-  return json{{"image", p.image},
-              {"backend", p.backend},
-              {"cpus", p.cpus},
-              {"memory", p.memory_bytes},
-              {"disk", p.disk_bytes},
-              {"pids", p.pids},
-              {"timeout", p.timeout},
-              {"idle_timeout", p.idle_timeout},
-              {"network", backends::networkModeName(p.network)},
-              {"env", p.env},
-              {"labels", p.labels},
-              {"session", p.session.empty() ? json(nullptr) : json(p.session)},
-              {"qos", backends::cpuQosName(p.qos)}};
-}
-
 int64_t physicalMemory() {
   long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
   return pages > 0 && page > 0 ? int64_t{pages} * page : 0;
@@ -327,7 +310,7 @@ Result<json> NodeAgent::create(const CreateParams& params) {
 
 json NodeAgent::infoLocked(SandboxRecord& rec) {
   const CreateParams& p = rec.params;
-  json j = sandboxParamsJson(p);
+  json j = createParamsJson(p);
   j["id"] = rec.id;
   j["node"] = options_.node_name;
   j["state"] = backends::sandboxStateName(rec.sandbox->state());

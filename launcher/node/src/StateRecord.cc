@@ -5,7 +5,9 @@ namespace {
 
 using nlohmann::json;
 
-json paramsToJson(const CreateParams& p) {
+}  // namespace
+
+json createParamsJson(const CreateParams& p) {
   return json{{"image", p.image},
               {"backend", p.backend},
               {"cpus", p.cpus},
@@ -17,9 +19,11 @@ json paramsToJson(const CreateParams& p) {
               {"network", backends::networkModeName(p.network)},
               {"env", p.env},
               {"labels", p.labels},
-              {"session", p.session},
+              {"session", p.session.empty() ? json(nullptr) : json(p.session)},
               {"qos", backends::cpuQosName(p.qos)}};
 }
+
+namespace {
 
 // Version 0 wrote the same names at the top level (and "session" as null when there was none).
 Result<CreateParams> paramsFromJson(const json& j) {
@@ -97,7 +101,7 @@ std::string encodeStateRecord(const SandboxStateRecord& r) {
   json j{{"version", kStateRecordVersion},
          {"id", r.id},
          {"created_unix", r.created_unix},
-         {"params", paramsToJson(r.params)},
+         {"params", createParamsJson(r.params)},
          {"paused_by", r.paused_by == PausedBy::kNone ? json(nullptr) : json(pausedByName(r.paused_by))},
          {"backend_state", r.backend_state},
          {"cpuset", r.cpuset.empty() ? json(nullptr) : json(r.cpuset)}};

@@ -4,6 +4,7 @@
 // Keep-alive connections come from a ConnectionPool when one is given.
 #pragma once
 
+#include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/http.hpp>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -15,6 +16,7 @@
 #include "dsec/common/Fd.h"
 #include "dsec/common/Result.h"
 #include "dsec/launcher/api/ConnectionPool.h"
+#include "dsec/launcher/api/HttpServer.h"
 
 namespace dsec::launcher::client {
 
@@ -51,6 +53,12 @@ Result<HttpReply> call(const std::string& endpoint, boost::beast::http::verb met
 Result<HttpReply> callStreaming(const std::string& endpoint, boost::beast::http::verb method, const std::string& target,
                                 const std::string& token, const std::string& body, const CallOptions& options,
                                 const std::function<bool(const char*, size_t)>& on_body);
+
+// Reads the rest of an answer's body in pieces as they arrive, handing each non-empty one to `on_piece`. Stops
+// at the end (no error), on a transport error (returned), or when on_piece returns false (no error).
+boost::system::error_code readBodyPieces(SocketStream& stream, boost::beast::flat_buffer& buffer,
+                                         boost::beast::http::response_parser<boost::beast::http::buffer_body>& parser,
+                                         const std::function<bool(const char*, size_t)>& on_piece);
 
 // A kUnavailable error for a transport failure ("reading the answer of http://...: timed out").
 Error transportError(const std::string& endpoint, const std::string& what, const boost::system::error_code& ec);

@@ -33,6 +33,7 @@ using client::CallOptions;
 using client::ConnectionPool;
 using client::connectTo;
 using client::HttpReply;
+using client::readBodyPieces;
 using client::relayedHeaders;
 using client::transportError;
 

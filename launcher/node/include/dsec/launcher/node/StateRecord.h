@@ -36,6 +36,9 @@ struct SandboxStateRecord {
   std::string cpuset;  // a latency sandbox's dedicated cores, to book again ("" none)
 };
 
+// The create parameters as JSON: in a record's "params" and in the API's sandbox info ("session" null if none).
+nlohmann::json createParamsJson(const CreateParams& params);
+
 std::string encodeStateRecord(const SandboxStateRecord& record);
 // kInvalidArgument naming what is wrong; a version newer than this node's is refused (not guessed at).
 Result<SandboxStateRecord> decodeStateRecord(std::string_view text);
