@@ -30,8 +30,8 @@
 #include "dsec/common/Logging.h"
 #include "dsec/common/Strings.h"
 #include "dsec/launcher/api/ApiServer.h"
-#include "dsec/launcher/fleet/Gateway.h"
 #include "dsec/launcher/api/HttpServer.h"
+#include "dsec/launcher/fleet/Gateway.h"
 #include "dsec/launcher/node/Metrics.h"
 #include "dsec/launcher/node/NodeAgent.h"
 

@@ -7,9 +7,9 @@
 #include <map>
 #include <memory>
 
+#include "dsec/launcher/api/HttpServer.h"
 #include "dsec/launcher/fleet/Fleet.h"
 #include "dsec/launcher/fleet/Gateway.h"
-#include "dsec/launcher/api/HttpServer.h"
 #include "dsec/testing/TestSupport.h"
 
 namespace dsec::launcher {

@@ -12,9 +12,9 @@
 #include <thread>
 
 #include "dsec/common/Strings.h"
+#include "dsec/launcher/api/HttpServer.h"
 #include "dsec/launcher/fleet/Fleet.h"
 #include "dsec/launcher/fleet/Gateway.h"
-#include "dsec/launcher/api/HttpServer.h"
 #include "dsec/testing/TestSupport.h"
 
 namespace dsec::launcher {

@@ -9,9 +9,9 @@
 
 #include "ApiFixture.h"
 #include "dsec/common/Strings.h"
-#include "dsec/launcher/node/NodeAgent.h"
 #include "dsec/launcher/api/Requests.h"
 #include "dsec/launcher/api/Router.h"
+#include "dsec/launcher/node/NodeAgent.h"
 #include "dsec/launcher/node/Sessions.h"
 
 namespace dsec::testing {
