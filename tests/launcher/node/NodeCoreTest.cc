@@ -131,17 +131,25 @@ TEST_F(NodeCoreTest, TimeoutAndIdleTimeoutReapButAnExecInFlightKeepsASandbox) {
   timed.timeout = 0.2;
   CreateParams idle = params();
   idle.idle_timeout = 0.2;
-  std::string t = create(timed);
-  std::string i = create(idle);
-  std::string busy = create(idle);
+  // Idle for 2 s at most, and the lease taken at once: a stall of the test thread cannot reap it first.
+  CreateParams held = params();
+  held.idle_timeout = 2.0;
+  std::string busy = create(held);
   auto lease = agent_->use(busy);  // an exec in flight: not idle however long it runs
   ASSERT_OK(lease);
-  EXPECT_TRUE(eventually([&] { return !agent_->info(t).ok() && !agent_->info(i).ok(); }));
-  EXPECT_EQ(metrics_.reaped_total.load(), 2u);
+  auto held_since = std::chrono::steady_clock::now();
+  std::string t = create(timed);
+  std::string i = create(idle);
+  // The reaper counts a destroy after it returns: wait for the count, not only for the sandboxes to be gone.
+  EXPECT_TRUE(eventually([&] { return metrics_.reaped_total.load() == 2; }));
+  ASSERT_ERROR(agent_->info(t), ErrorCode::kNotFound);
+  ASSERT_ERROR(agent_->info(i), ErrorCode::kNotFound);
+  std::this_thread::sleep_until(held_since + std::chrono::milliseconds(2500));  // past its idle timeout
   EXPECT_EQ(info(busy)["state"], "running");
+  EXPECT_EQ(metrics_.reaped_total.load(), 2u);
   { auto done = std::move(*lease); }
-  EXPECT_TRUE(eventually([&] { return !agent_->info(busy).ok(); }));
-  EXPECT_EQ(recordsOnDisk(), 0u);
+  // A destroy leaves the registry before its record goes: wait for both.
+  EXPECT_TRUE(eventually([&] { return !agent_->info(busy).ok() && recordsOnDisk() == 0; }));
 }
 
 TEST_F(NodeCoreTest, ALapsedSessionPausesItsSandboxesAndUseResumesThem) {
@@ -176,8 +184,8 @@ TEST_F(NodeCoreTest, ASessionLapsedForItsRetentionIsDroppedWithItsSandboxes) {
   p.session = "gone";
   std::string a = create(p);
   ASSERT_OK(agent_->putSession("gone", SessionSettings{1.0, std::nullopt}));
-  EXPECT_TRUE(eventually([&] { return !agent_->info(a).ok() && !agent_->getSession("gone").ok(); }));
-  EXPECT_EQ(recordsOnDisk(), 0u);
+  EXPECT_TRUE(
+      eventually([&] { return !agent_->info(a).ok() && !agent_->getSession("gone").ok() && recordsOnDisk() == 0; }));
 }
 
 TEST_F(NodeCoreTest, DeletingASessionDestroysItsSandboxes) {
