@@ -21,29 +21,14 @@ namespace {
 using namespace dsec;
 using namespace dsec::launcher;
 
-// The gateway process: its config file, or (the older form) its settings as flags.
+// The gateway process: every setting comes from its config file.
 int runGatewayOnly(const fleet::LaunchOptions& options) {
-  fleet::GatewayProcessConfig config;
-  if (!options.gateway_config.empty()) {
-    auto read = fleet::readGatewayConfig(options.gateway_config);
-    if (!read.ok()) {
-      DSEC_LOG(kError, "launch") << read.error().message();
-      return 2;
-    }
-    config = *read;
-  } else {
-    config.fleet_name = options.serve.node.fleet_name;
-    config.token_file = options.token_file;
-    config.seed_file = options.seed_file;
-    config.port_file = options.port_file;
-    config.address = options.address;
-    config.port = options.port;
-    config.cpu_overcommit = options.cpu_overcommit;
-    config.memory_overcommit = options.memory_overcommit;
-    config.lost_after_seconds = options.lost_after;
-    fleet::setGatewayHttp(options.serve.http, &config);
+  auto config = fleet::readGatewayConfig(options.gateway_config);
+  if (!config.ok()) {
+    DSEC_LOG(kError, "launch") << config.error().message();
+    return 2;
   }
-  return fleet::runGatewayProcess(config);
+  return fleet::runGatewayProcess(*config);
 }
 
 }  // namespace

@@ -123,7 +123,7 @@ std::string startGateway(const LaunchOptions& options, const std::string& fleet_
   config.cpu_overcommit = options.cpu_overcommit;
   config.memory_overcommit = options.memory_overcommit;
   config.lost_after_seconds = options.lost_after;
-  fleet::setGatewayHttp(options.serve.http, &config);
+  config.http = options.serve.http;
   (void)writeFileAtomic(config.token_file, token, 0600);
   (void)writeFileAtomic(config.seed_file, json{{"fleet", fleet_name}, {"nodes", nodes}}.dump(2), 0600);
   *supervisor = std::make_unique<fleet::GatewaySupervisor>(config, fleet_dir + "/gateway-config.json");

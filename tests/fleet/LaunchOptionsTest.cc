@@ -145,7 +145,7 @@ TEST_F(LaunchOptionsTest, BadValuesAreRefusedNamingTheFlag) {
   auto conflict = parseLaunchOptions({"--fleet", "a", "--fleet-name", "b"});
   ASSERT_FALSE(conflict.ok());
   EXPECT_NE(conflict.error().message().find("--fleet"), std::string::npos);
-  EXPECT_FALSE(parseLaunchOptions({"--gateway-only"}).ok());  // no config, no token file
+  EXPECT_FALSE(parseLaunchOptions({"--gateway-only"}).ok());  // no config file
 }
 
 TEST_F(LaunchOptionsTest, DefaultsAreDsecServes) {
@@ -187,13 +187,13 @@ TEST(GatewayConfig, RoundTripsWithMode0600) {
   c.cpu_overcommit = 3.3;
   c.memory_overcommit = 1.1;
   c.lost_after_seconds = 2.7;
-  c.max_connections = 77;
-  c.max_client_connections = 5;
-  c.client_queue_seconds = 0.3;
-  c.header_timeout_seconds = 0.1;
-  c.body_timeout_seconds = 12.345678901;
-  c.body_min_rate = 1000.5;
-  c.idle_timeout_ms = 4321;
+  c.http.max_connections = 77;
+  c.http.max_client_connections = 5;
+  c.http.client_queue_seconds = 0.3;
+  c.http.header_timeout_seconds = 0.1;
+  c.http.body_timeout_seconds = 12.345678901;
+  c.http.body_min_rate = 1000.5;
+  c.http.idle_timeout_ms = 4321;
   std::string path = dir.path() + "/gateway-config.json";
   ASSERT_OK(writeGatewayConfig(path, c));
   struct stat st {};

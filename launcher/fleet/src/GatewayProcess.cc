@@ -42,26 +42,9 @@ void field(const json& j, const char* key, T* out) {
 
 }  // namespace
 
-void setGatewayHttp(const HttpServerOptions& http, GatewayProcessConfig* c) {
-  c->max_connections = http.max_connections;
-  c->max_client_connections = http.max_client_connections;
-  c->client_queue_seconds = http.client_queue_seconds;
-  c->header_timeout_seconds = http.header_timeout_seconds;
-  c->body_timeout_seconds = http.body_timeout_seconds;
-  c->body_min_rate = http.body_min_rate;
-  c->idle_timeout_ms = http.idle_timeout_ms;
-}
-
 HttpServerOptions gatewayHttpOptions(const GatewayProcessConfig& c) {
-  HttpServerOptions h;
+  HttpServerOptions h = c.http;
   h.listen = (c.address.empty() ? std::string("0.0.0.0") : c.address) + ":" + std::to_string(c.port);
-  h.max_connections = c.max_connections;
-  h.max_client_connections = c.max_client_connections;
-  h.client_queue_seconds = c.client_queue_seconds;
-  h.header_timeout_seconds = c.header_timeout_seconds;
-  h.body_timeout_seconds = c.body_timeout_seconds;
-  h.body_min_rate = c.body_min_rate;
-  h.idle_timeout_ms = c.idle_timeout_ms;
   return h;
 }
 
@@ -75,13 +58,13 @@ Status writeGatewayConfig(const std::string& path, const GatewayProcessConfig& c
             {"cpu_overcommit", c.cpu_overcommit},
             {"memory_overcommit", c.memory_overcommit},
             {"lost_after_seconds", c.lost_after_seconds},
-            {"max_connections", c.max_connections},
-            {"max_client_connections", c.max_client_connections},
-            {"client_queue_seconds", c.client_queue_seconds},
-            {"header_timeout_seconds", c.header_timeout_seconds},
-            {"body_timeout_seconds", c.body_timeout_seconds},
-            {"body_min_rate", c.body_min_rate},
-            {"idle_timeout_ms", c.idle_timeout_ms}};
+            {"max_connections", c.http.max_connections},
+            {"max_client_connections", c.http.max_client_connections},
+            {"client_queue_seconds", c.http.client_queue_seconds},
+            {"header_timeout_seconds", c.http.header_timeout_seconds},
+            {"body_timeout_seconds", c.http.body_timeout_seconds},
+            {"body_min_rate", c.http.body_min_rate},
+            {"idle_timeout_ms", c.http.idle_timeout_ms}};
   return writeFileAtomic(path, j.dump(2) + "\n", 0600);
 }
 
@@ -105,13 +88,13 @@ Result<GatewayProcessConfig> readGatewayConfig(const std::string& path) {
     get("cpu_overcommit", &c.cpu_overcommit);
     get("memory_overcommit", &c.memory_overcommit);
     get("lost_after_seconds", &c.lost_after_seconds);
-    get("max_connections", &c.max_connections);
-    get("max_client_connections", &c.max_client_connections);
-    get("client_queue_seconds", &c.client_queue_seconds);
-    get("header_timeout_seconds", &c.header_timeout_seconds);
-    get("body_timeout_seconds", &c.body_timeout_seconds);
-    get("body_min_rate", &c.body_min_rate);
-    get("idle_timeout_ms", &c.idle_timeout_ms);
+    get("max_connections", &c.http.max_connections);
+    get("max_client_connections", &c.http.max_client_connections);
+    get("client_queue_seconds", &c.http.client_queue_seconds);
+    get("header_timeout_seconds", &c.http.header_timeout_seconds);
+    get("body_timeout_seconds", &c.http.body_timeout_seconds);
+    get("body_min_rate", &c.http.body_min_rate);
+    get("idle_timeout_ms", &c.http.idle_timeout_ms);
   } catch (const json::exception& e) {
     return Error::invalid("gateway config " + path + ": field " + key + ": " + e.what());
   }

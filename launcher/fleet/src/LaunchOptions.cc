@@ -49,12 +49,6 @@ void addFleetFlags(po::options_description& desc, LaunchOptions* o) {
   add("gateway-only", po::bool_switch(&o->gateway_only), "run as the gateway process (started by rank 0)");
   add("gateway-config", po::value<std::string>(&o->gateway_config),
       "the gateway process's settings (written by rank 0)");
-  add("token-file", po::value<std::string>(&o->token_file),
-      "gateway process without --gateway-config: the fleet token");
-  add("seed", po::value<std::string>(&o->seed_file),
-      "gateway process without --gateway-config: the nodes to start with");
-  add("port-file", po::value<std::string>(&o->port_file),
-      "gateway process without --gateway-config: where to write its port");
 }
 
 po::options_description launchDescription(LaunchOptions* o, NodeOptionTable* table) {
@@ -76,9 +70,7 @@ Status checkFleetFlags(const LaunchOptions& o) {
   if (!std::isfinite(o.memory_overcommit) || o.memory_overcommit < 0.01)
     return bad("memory-overcommit", "must be >= 0.01");
   if (!std::isfinite(o.lost_after) || o.lost_after < 0.5) return bad("lost-after", "must be >= 0.5 seconds");
-  if (o.gateway_only && o.gateway_config.empty() && o.token_file.empty()) {
-    return Error::invalid("--gateway-only wants --gateway-config FILE (or --token-file FILE)");
-  }
+  if (o.gateway_only && o.gateway_config.empty()) return Error::invalid("--gateway-only wants --gateway-config FILE");
   return okStatus();
 }
 

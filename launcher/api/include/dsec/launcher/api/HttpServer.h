@@ -247,6 +247,8 @@ struct HttpServerOptions {
   double body_min_rate = 64 * 1024;
   int idle_timeout_ms = 120000;  // keep-alive wait and per-read/write inactivity
   uint32_t header_limit = 64 * 1024;
+
+  bool operator==(const HttpServerOptions&) const = default;
 };
 // max_client_connections with the default applied.
 int clientConnectionLimit(const HttpServerOptions& options);

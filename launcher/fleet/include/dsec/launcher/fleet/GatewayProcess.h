@@ -25,20 +25,13 @@ struct GatewayProcessConfig {
   double cpu_overcommit = 8.0;
   double memory_overcommit = 1.0;
   double lost_after_seconds = 3.0;
-  // The HTTP edge (HttpServerOptions, the nodes' own settings).
-  int max_connections = 1024;
-  int max_client_connections = 0;
-  double client_queue_seconds = 2;
-  double header_timeout_seconds = 10;
-  double body_timeout_seconds = 10;
-  double body_min_rate = 64 * 1024;
-  int idle_timeout_ms = 120000;
+  // The HTTP edge: the nodes' own settings. Its listen address is address:port above (`http.listen` is unused).
+  HttpServerOptions http;
 
   bool operator==(const GatewayProcessConfig&) const = default;
 };
 
-// The HTTP edge settings of `http` (but its listen address) into a config, and back (with address:port).
-void setGatewayHttp(const HttpServerOptions& http, GatewayProcessConfig* config);
+// config.http listening on address:port.
 HttpServerOptions gatewayHttpOptions(const GatewayProcessConfig& config);
 
 // Writes the config as JSON, atomically, mode 0600. readGatewayConfig refuses a missing file, bad JSON, a field

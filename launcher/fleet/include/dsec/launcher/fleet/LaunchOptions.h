@@ -27,10 +27,9 @@ struct LaunchOptions {
   double cpu_overcommit = 8.0;
   double memory_overcommit = 1.0;
   double lost_after = 3.0;
-  // The gateway process: --gateway-config FILE, or (older form) its settings as flags.
+  // The gateway process: every setting is in --gateway-config FILE (written by rank 0).
   bool gateway_only = false;
   std::string gateway_config;
-  std::string token_file, seed_file, port_file;
   bool help = false;  // --help: usage() was asked for
 };
 
