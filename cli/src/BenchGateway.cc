@@ -58,8 +58,7 @@ Result<std::unique_ptr<SimulatedNode>> startNode(const std::string& root, const 
   o.fleet_name = "bench";
   o.max_sandboxes = int64_t{1} << 30;
   o.simulate = true;
-  o.fncall.max_workers = 0;  // no function workers: they would start real sandboxes
-  o.cpu_qos = cpu_qos;       // on: each create also books its cores in the node model, as on a real node
+  o.cpu_qos = cpu_qos;  // on: each create also books its cores in the node model, as on a real node
   o.memory_capacity_bytes = memory_bytes;
   DSEC_ASSIGN_OR_RETURN(node->agent, launcher::NodeAgent::start(o, &node->metrics));
   node->api = std::make_unique<launcher::ApiServer>(node->agent.get(), token);

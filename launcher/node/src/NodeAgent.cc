@@ -1,6 +1,5 @@
 #include "dsec/launcher/node/NodeAgent.h"
 
-#include <fcntl.h>
 #include <limits.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -8,7 +7,6 @@
 #include <chrono>
 #include <cstdio>
 #include <ctime>
-#include <set>
 
 #include "dsec/common/Directory.h"
 #include "dsec/common/Logging.h"
@@ -23,6 +21,24 @@ namespace {
 using nlohmann::json;
 
 constexpr const char* kLog = "node";
+
+// The create parameters as the API shows them in a sandbox's info. The record on disk spells them alike in its
+// own code (StateRecord.cc), so that renaming a field here changes nothing a restarted node reads.
+json sandboxParamsJson(const CreateParams& p) {
+  return json{{"image", p.image},
+              {"backend", p.backend},
+              {"cpus", p.cpus},
+              {"memory", p.memory_bytes},
+              {"disk", p.disk_bytes},
+              {"pids", p.pids},
+              {"timeout", p.timeout},
+              {"idle_timeout", p.idle_timeout},
+              {"network", backends::networkModeName(p.network)},
+              {"env", p.env},
+              {"labels", p.labels},
+              {"session", p.session.empty() ? json(nullptr) : json(p.session)},
+              {"qos", backends::cpuQosName(p.qos)}};
+}
 
 int64_t physicalMemory() {
   long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
@@ -80,7 +96,10 @@ NodeAgent::NodeAgent(const NodeOptions& options, Metrics* metrics, NodeParts par
       backend_(std::move(parts.backend)),
       backend_has_cgroups_(parts.has_cgroups),
       backend_runs_processes_(parts.runs_processes),
-      unavailable_reason_(std::move(parts.backend_unavailable)) {
+      unavailable_reason_(std::move(parts.backend_unavailable)),
+      // A name of the node's own even for a backend without cgroups: the density loop then samples a cgroup that
+      // does not exist, never the host's root.
+      cgroup_parent_(parts.cgroup_parent.empty() ? cgroupParentForRoot(options.root) : parts.cgroup_parent) {
   if (!parts.uses_host_resources) options_.density = hostIndependentDensityConfig(options_.density);
 }
 
@@ -92,12 +111,12 @@ Result<std::unique_ptr<NodeAgent>> NodeAgent::start(const NodeOptions& options, 
   if (!parts.images || !parts.state) return Error::invalid("a node needs an image source and a state store");
   std::unique_ptr<NodeAgent> agent(new NodeAgent(options, metrics, std::move(parts)));
   agent->node_memory_bytes_ = options.memory_capacity_bytes > 0 ? options.memory_capacity_bytes : physicalMemory();
-  agent->cgroup_parent_ = options.cgroup_parent.empty() ? cgroupParentForRoot(options.root) : options.cgroup_parent;
+  if (auto st = agent->state_->prepare(); !st.ok()) return st.error();
   agent->checkBackend();
   agent->sessions_ = std::make_unique<SessionTable>(options.root + "/state/sessions");
   agent->cpu_ = std::make_unique<CpuAllocator>(CpuAllocatorOptions{
       options.cpu_qos, options.cpu_exclusive_pool && agent->backend_has_cgroups_, agent->cgroup_parent_, ""});
-  if (agent->backend_) agent->adoptAll();
+  if (agent->backend_) DSEC_TRY(agent->adoptAll());
   agent->loadSessions();
   agent->startFncall();  // after adoptAll: leftover fncall workers of an earlier agent are reaped by then
   agent->density_ = std::make_unique<DensityLoop>(static_cast<DensityHost*>(agent.get()), agent->options_.density,
@@ -202,7 +221,7 @@ Status NodeAgent::persist(SandboxRecord& rec) {
   record.params = rec.params;
   record.created_unix = rec.created_unix;
   bool paused = rec.sandbox->state() == backends::SandboxState::kPaused;
-  record.paused_by = paused ? (rec.paused_by == PausedBy::kNone ? PausedBy::kUser : rec.paused_by) : PausedBy::kNone;
+  record.paused_by = paused ? rec.paused_by : PausedBy::kNone;
   record.backend_state = rec.sandbox->persistentState();
   if (cpu_) record.cpuset = cpu_->bookingOf(rec.id).cpuset;  // to book the same cores again after a restart
   return state_->save(record);
@@ -310,7 +329,7 @@ Result<json> NodeAgent::create(const CreateParams& params) {
 
 json NodeAgent::infoLocked(SandboxRecord& rec) {
   const CreateParams& p = rec.params;
-  json j = createParamsJson(p);
+  json j = sandboxParamsJson(p);
   j["id"] = rec.id;
   j["node"] = options_.node_name;
   j["state"] = backends::sandboxStateName(rec.sandbox->state());
@@ -318,8 +337,7 @@ json NodeAgent::infoLocked(SandboxRecord& rec) {
   j["created_unix"] = rec.created_unix;
   j["last_active_unix"] = rec.last_active_unix.load();
   bool paused = rec.sandbox->state() == backends::SandboxState::kPaused;
-  j["paused_by"] =
-      paused ? json(pausedByName(rec.paused_by == PausedBy::kNone ? PausedBy::kUser : rec.paused_by)) : json(nullptr);
+  j["paused_by"] = paused ? json(pausedByName(rec.paused_by)) : json(nullptr);
   json usage = {{"memory_bytes", 0}, {"pids", 0}, {"cpu_usec", 0}, {"oom_kills", 0}};
   if (auto u = rec.sandbox->usage(); u.ok()) {
     usage = {
@@ -379,7 +397,7 @@ Status NodeAgent::destroy(const std::string& id, const std::string& reason) {
     sandboxes_.erase(id);
   }
   if (auto st = state_->remove(id); !st.ok())
-    DSEC_LOG(kWarn, kLog) << "removing the record of " << st.error().toString();
+    DSEC_LOG(kWarn, kLog) << "removing the record of " << id << ": " << st.error().toString();
   if (!rec->params.session.empty()) sessions_->removeSandbox(rec->params.session, id);
   if (density_) density_->forget(id);
   if (cpu_) cpu_->release(id);

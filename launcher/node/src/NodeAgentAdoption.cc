@@ -10,11 +10,15 @@ namespace {
 constexpr const char* kLog = "node";
 }  // namespace
 
-void NodeAgent::adoptAll() {
+Status NodeAgent::adoptAll() {
   auto stored = state_->loadAll();
-  if (!stored.ok()) {
-    DSEC_LOG(kWarn, kLog) << "reading the sandboxes' records: " << stored.error().toString();
-    return;
+  if (!stored.ok()) return stored.error().wrap("reading the sandboxes' records");
+  // A record a newer dsec wrote names a sandbox that node still owns: stop before reaping anything.
+  for (const auto& entry : *stored) {
+    if (!entry.record.ok() && entry.record.error().code() == ErrorCode::kUnsupported) {
+      return Error(ErrorCode::kUnsupported, "sandbox " + entry.id + ": " + entry.record.error().message() +
+                                                "; run that dsec, or destroy its sandboxes with it, before this one");
+    }
   }
   int adopted = 0, reaped = 0;
   for (auto& entry : *stored) {
@@ -29,6 +33,7 @@ void NodeAgent::adoptAll() {
     DSEC_LOG(kWarn, kLog) << "unmounting unused layers: " << st.error().toString();
   }
   if (adopted || reaped) DSEC_LOG(kInfo, kLog) << "re-adopted " << adopted << " sandbox(es), reaped " << reaped;
+  return okStatus();
 }
 
 bool NodeAgent::adoptOne(StoredState& entry) {
@@ -65,6 +70,7 @@ bool NodeAgent::adoptOne(StoredState& entry) {
   rec->mount = std::move(mount);
   rec->sandbox = std::move(sandbox);
   if (rec->sandbox->state() == backends::SandboxState::kPaused) {
+    // A record without a reason (none is written so) would otherwise show a paused sandbox as running.
     rec->paused_by = record.paused_by == PausedBy::kNone ? PausedBy::kUser : record.paused_by;
   }
   {

@@ -11,7 +11,7 @@ NodeParts makeSimulatedNodeParts() {
   NodeParts parts;
   parts.backend = backends::makeSimulatedBackend();
   parts.images = std::make_unique<InMemoryImageSource>();
-  parts.state = std::make_unique<InMemoryStateStore>();
+  parts.state = std::make_unique<DiscardingStateStore>();
   parts.has_cgroups = false;
   parts.runs_processes = false;
   parts.uses_host_resources = false;
@@ -24,6 +24,7 @@ NodeParts makeNodeParts(const NodeOptions& options) {
   backends::ContainerBackendOptions backend_options;
   backend_options.cgroup_parent =
       options.cgroup_parent.empty() ? cgroupParentForRoot(options.root) : options.cgroup_parent;
+  parts.cgroup_parent = backend_options.cgroup_parent;
   backend_options.cpu_qos = options.cpu_qos;
   if (!options.user_namespaces) {
     backend_options.user_namespace = backends::UserNamespaceMode::kOff;

@@ -1,6 +1,5 @@
 #include "dsec/launcher/node/Sessions.h"
 
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -89,19 +88,6 @@ json Session::toJson() const {
               {"expires_unix", expires_unix},
               {"lapsed_unix", lapsed_unix ? json(*lapsed_unix) : json(nullptr)},
               {"sandboxes", ids}};
-}
-
-Result<std::vector<std::string>> listStateFiles(const std::string& dir_path) {
-  DSEC_ASSIGN_OR_RETURN(auto entries, listDirectory(dir_path));
-  std::vector<std::string> files;
-  for (auto& e : entries) {
-    if (e.name.find(".tmp-") != std::string::npos) {
-      ::unlink((dir_path + "/" + e.name).c_str());  // a write cut short by a crash
-    } else if (e.name.size() > 5 && e.name.compare(e.name.size() - 5, 5, ".json") == 0) {
-      files.push_back(std::move(e.name));
-    }
-  }
-  return files;
 }
 
 SessionTable::SessionTable(std::string dir) : dir_(std::move(dir)) {}

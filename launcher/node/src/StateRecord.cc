@@ -5,9 +5,9 @@ namespace {
 
 using nlohmann::json;
 
-}  // namespace
-
-json createParamsJson(const CreateParams& p) {
+// The record's own names for the create parameters. The API's sandbox info spells them alike today
+// (NodeAgent.cc), on purpose in separate code: an API rename must not change what a restarted node reads.
+json paramsRecordJson(const CreateParams& p) {
   return json{{"image", p.image},
               {"backend", p.backend},
               {"cpus", p.cpus},
@@ -22,8 +22,6 @@ json createParamsJson(const CreateParams& p) {
               {"session", p.session.empty() ? json(nullptr) : json(p.session)},
               {"qos", backends::cpuQosName(p.qos)}};
 }
-
-namespace {
 
 // Version 0 wrote the same names at the top level (and "session" as null when there was none).
 Result<CreateParams> paramsFromJson(const json& j) {
@@ -101,7 +99,7 @@ std::string encodeStateRecord(const SandboxStateRecord& r) {
   json j{{"version", kStateRecordVersion},
          {"id", r.id},
          {"created_unix", r.created_unix},
-         {"params", createParamsJson(r.params)},
+         {"params", paramsRecordJson(r.params)},
          {"paused_by", r.paused_by == PausedBy::kNone ? json(nullptr) : json(pausedByName(r.paused_by))},
          {"backend_state", r.backend_state},
          {"cpuset", r.cpuset.empty() ? json(nullptr) : json(r.cpuset)}};
@@ -115,8 +113,12 @@ Result<SandboxStateRecord> decodeStateRecord(std::string_view text) {
     if (!j.contains("version")) return fromVersion0(j);
     int version = j["version"].get<int>();
     if (version == 1) return fromVersion1(j);
-    return Error::invalid("state record version " + std::to_string(version) + " is newer than this node's (" +
-                          std::to_string(kStateRecordVersion) + ")");
+    if (version > kStateRecordVersion) {
+      return Error(ErrorCode::kUnsupported, "state record version " + std::to_string(version) +
+                                                " is newer than this node's (" + std::to_string(kStateRecordVersion) +
+                                                "): written by a newer dsec");
+    }
+    return Error::invalid("state record version " + std::to_string(version) + " is unknown");
   } catch (const json::exception& e) {
     return Error::invalid(std::string("state record: ") + e.what());
   }

@@ -4,22 +4,31 @@
 
 #include <cerrno>
 
+#include "dsec/common/Directory.h"
 #include "dsec/common/Strings.h"
-#include "dsec/launcher/node/Sessions.h"
 
 namespace dsec::launcher {
 namespace {
 
 StoredState decodeStored(std::string id, const std::string& text) {
-  StoredState s{std::move(id), decodeStateRecord(text), backendStateOf(text)};
+  StoredState s{std::move(id), decodeStateRecord(text), nlohmann::json::object()};
   if (s.record.ok() && s.record->id != s.id) s.record = Error::invalid("the record names sandbox " + s.record->id);
+  if (s.record.ok()) {
+    s.backend_state = s.record->backend_state;
+  } else {
+    s.backend_state = backendStateOf(text);  // what the backend needs to reap what is left of it
+  }
   return s;
 }
 
 }  // namespace
 
-Status FileStateStore::save(const SandboxStateRecord& record) {
+Status FileStateStore::prepare() {
   if (auto made = makeDirs(dir_, 0700); !made.ok()) return made.error().wrap("creating the state directory");
+  return okStatus();
+}
+
+Status FileStateStore::save(const SandboxStateRecord& record) {
   return writeStateFile(pathOf(record.id), encodeStateRecord(record));
 }
 
@@ -29,7 +38,6 @@ Status FileStateStore::remove(const std::string& id) {
 }
 
 Result<std::vector<StoredState>> FileStateStore::loadAll() {
-  if (auto made = makeDirs(dir_, 0700); !made.ok()) return made.error().wrap("creating the state directory");
   DSEC_ASSIGN_OR_RETURN(std::vector<std::string> files, listStateFiles(dir_));
   std::vector<StoredState> out;
   for (const auto& name : files) {
@@ -44,29 +52,17 @@ Result<std::vector<StoredState>> FileStateStore::loadAll() {
   return out;
 }
 
-Status InMemoryStateStore::save(const SandboxStateRecord& record) {
-  std::string text = encodeStateRecord(record);
-  std::lock_guard lock(mu_);
-  encoded_[record.id] = std::move(text);
-  return okStatus();
-}
-
-Status InMemoryStateStore::remove(const std::string& id) {
-  std::lock_guard lock(mu_);
-  encoded_.erase(id);
-  return okStatus();
-}
-
-Result<std::vector<StoredState>> InMemoryStateStore::loadAll() {
-  std::lock_guard lock(mu_);
-  std::vector<StoredState> out;
-  for (const auto& [id, text] : encoded_) out.push_back(decodeStored(id, text));
-  return out;
-}
-
-size_t InMemoryStateStore::size() {
-  std::lock_guard lock(mu_);
-  return encoded_.size();
+Result<std::vector<std::string>> listStateFiles(const std::string& dir_path) {
+  DSEC_ASSIGN_OR_RETURN(auto entries, listDirectory(dir_path));
+  std::vector<std::string> files;
+  for (auto& e : entries) {
+    if (e.name.find(".tmp-") != std::string::npos) {
+      ::unlink((dir_path + "/" + e.name).c_str());  // a write cut short by a crash
+    } else if (e.name.size() > 5 && e.name.compare(e.name.size() - 5, 5, ".json") == 0) {
+      files.push_back(std::move(e.name));
+    }
+  }
+  return files;
 }
 
 }  // namespace dsec::launcher

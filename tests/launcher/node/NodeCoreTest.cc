@@ -8,6 +8,7 @@
 #include <functional>
 #include <thread>
 
+#include "dsec/common/Directory.h"
 #include "dsec/common/Strings.h"
 #include "dsec/launcher/node/NodeAgent.h"
 #include "dsec/launcher/node/NodeParts.h"
@@ -18,6 +19,38 @@ namespace {
 
 using dsec::testing::TempDir;
 using nlohmann::json;
+
+// The simulated backend, counting what the node asks it to reap (every operation forwarded).
+class CountingBackend : public backends::Backend {
+ public:
+  explicit CountingBackend(std::unique_ptr<backends::Backend> inner) : inner_(std::move(inner)) {}
+  std::string name() const override { return inner_->name(); }
+  std::vector<std::string> missingFeatures() const override { return inner_->missingFeatures(); }
+  Result<std::unique_ptr<backends::Sandbox>> create(const backends::SandboxSpec& spec) override {
+    return inner_->create(spec);
+  }
+  Result<std::unique_ptr<backends::Sandbox>> adopt(const json& state) override { return inner_->adopt(state); }
+  Status reap(const json& state) override {
+    reaped.push_back(state);
+    return inner_->reap(state);
+  }
+  Result<std::vector<std::string>> listLeftovers() override {
+    DSEC_ASSIGN_OR_RETURN(auto all, inner_->listLeftovers());
+    all.insert(all.end(), leftovers.begin(), leftovers.end());  // cgroups a test says were left behind
+    return all;
+  }
+  Status reapLeftover(const std::string& id) override {
+    reaped_leftovers.push_back(id);
+    return inner_->reapLeftover(id);
+  }
+
+  std::vector<json> reaped;
+  std::vector<std::string> leftovers;  // added to the backend's own
+  std::vector<std::string> reaped_leftovers;
+
+ private:
+  std::unique_ptr<backends::Backend> inner_;
+};
 
 class NodeCoreTest : public ::testing::Test {
  protected:
@@ -68,9 +101,13 @@ class NodeCoreTest : public ::testing::Test {
     }
     return done();
   }
+  // Counts without touching anything (listStateFiles would delete the temp file of a save in flight).
   size_t recordsOnDisk() {
-    auto listed = listStateFiles(stateDir());
-    return listed.ok() ? listed->size() : 0;
+    auto listed = listDirectory(stateDir());
+    if (!listed.ok()) return 0;
+    size_t n = 0;
+    for (const auto& e : *listed) n += e.name.size() > 5 && e.name.compare(e.name.size() - 5, 5, ".json") == 0;
+    return n;
   }
 
   TempDir dir_;
@@ -157,13 +194,19 @@ TEST_F(NodeCoreTest, ALapsedSessionPausesItsSandboxesAndUseResumesThem) {
   ASSERT_OK(agent_->putSession("trainer", SessionSettings{60.0, 3600.0}));
   CreateParams p = params();
   p.session = "trainer";
+  p.idle_timeout = 3.0;  // passes while the session is lapsed: the pause must keep the sandboxes
+  auto created = std::chrono::steady_clock::now();
   std::string a = create(p);
   std::string b = create(p);
   ASSERT_OK(agent_->putSession("trainer", SessionSettings{1.0, std::nullopt}));  // the trainer stops renewing
   ASSERT_TRUE(eventually([&] { return info(a)["paused_by"] == "lease" && info(b)["paused_by"] == "lease"; }))
       << info(a).dump();
   EXPECT_EQ(info(a)["state"], "paused");
-  auto attached = agent_->attachSession("trainer", std::nullopt);
+  std::this_thread::sleep_until(created + std::chrono::milliseconds(3500));  // past the idle timeout
+  EXPECT_EQ(info(a)["state"], "paused") << "an idle timeout destroyed a sandbox its lapsed session paused";
+  EXPECT_EQ(info(b)["state"], "paused");
+  EXPECT_EQ(metrics_.reaped_total.load(), 0u);
+  auto attached = agent_->attachSession("trainer", 60.0);  // long enough not to lapse again during the test
   ASSERT_OK(attached);
   EXPECT_EQ((*attached)["sandbox_infos"].size(), 2u);
   EXPECT_EQ(info(a)["state"], "paused");  // attach renews; the first use resumes
@@ -174,7 +217,6 @@ TEST_F(NodeCoreTest, ALapsedSessionPausesItsSandboxesAndUseResumesThem) {
   EXPECT_EQ(info(a)["state"], "running");
   EXPECT_TRUE(info(a)["paused_by"].is_null());
   EXPECT_EQ(info(b)["state"], "paused");
-  // An idle timeout never destroys a sandbox its lapsed session paused (checked by the reaper every tick).
 }
 
 TEST_F(NodeCoreTest, ASessionLapsedForItsRetentionIsDroppedWithItsSandboxes) {
@@ -257,15 +299,38 @@ TEST_F(NodeCoreTest, ARecordOfThePreviousFormatStillReadopts) {
   EXPECT_EQ(json::parse(*text)["version"], kStateRecordVersion);
 }
 
-TEST_F(NodeCoreTest, UnreadableAndNewerRecordsAreReapedNotGuessedAt) {
+TEST_F(NodeCoreTest, UndecodableRecordsAreReapedWithWhatTheyHoldAndLeftoversToo) {
   ASSERT_OK(makeDirs(stateDir(), 0700));
   std::ofstream(stateDir() + "/t1-aaaa.json") << "{not json";
-  std::ofstream(stateDir() + "/t1-bbbb.json") << json{{"version", kStateRecordVersion + 1}, {"id", "t1-bbbb"}}.dump();
-  std::ofstream(stateDir() + "/t1-cccc.json")
-      << json{{"version", 1}, {"id", "t1-other"}, {"created_unix", 1.0}, {"params", {{"image", "debian:12"}}}}.dump();
-  startAgent();
+  json other_id = {{"version", 1},
+                   {"id", "t1-other"},
+                   {"created_unix", 1.0},
+                   {"params", {{"image", "debian:12"}}},
+                   {"backend_state", {{"backend", "simulated"}, {"id", "t1-cccc"}}}};
+  std::ofstream(stateDir() + "/t1-cccc.json") << other_id.dump();
+  NodeParts p = parts();
+  auto counting = std::make_unique<CountingBackend>(std::move(p.backend));
+  CountingBackend* backend = counting.get();
+  backend->leftovers = {"t1-orphan"};
+  p.backend = std::move(counting);
+  auto agent = NodeAgent::start(options(), &metrics_, std::move(p));
+  ASSERT_OK(agent);
+  agent_ = std::move(*agent);
   EXPECT_EQ(agent_->sandboxCount(), 0u);
   EXPECT_EQ(recordsOnDisk(), 0u);
+  // The record naming another id is reaped with its backend state; the non-JSON one has none to give.
+  ASSERT_EQ(backend->reaped.size(), 1u);
+  EXPECT_EQ(backend->reaped[0]["id"], "t1-cccc");
+  EXPECT_EQ(backend->reaped_leftovers, std::vector<std::string>{"t1-orphan"});
+}
+
+TEST_F(NodeCoreTest, ARecordOfANewerVersionStopsTheNodeAndIsKept) {
+  ASSERT_OK(makeDirs(stateDir(), 0700));
+  std::ofstream(stateDir() + "/t1-bbbb.json") << json{{"version", kStateRecordVersion + 1}, {"id", "t1-bbbb"}}.dump();
+  auto agent = NodeAgent::start(options(), &metrics_, parts());
+  ASSERT_ERROR(agent, ErrorCode::kUnsupported);
+  EXPECT_NE(agent.error().message().find("t1-bbbb"), std::string::npos) << agent.error().message();
+  EXPECT_EQ(recordsOnDisk(), 1u);  // a newer node's sandbox is not reaped, its record not deleted
 }
 
 TEST(StateRecord, RoundTripsEveryField) {

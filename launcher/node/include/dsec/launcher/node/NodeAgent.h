@@ -47,7 +47,7 @@ struct NodeOptions {
   double reaper_interval_seconds = 1.0;
   std::string cgroup_parent;  // empty: cgroupParentForRoot(root)
   // A simulated node: makeNodeParts picks the simulated parts (NodeParts.h); sandboxes hold no processes, creates
-  // are validated and admitted as on a real node, images and records are in memory (docs/fleet.md).
+  // are validated and admitted as on a real node, images are in memory and records are not kept (docs/fleet.md).
   bool simulate = false;
   FncallOptions fncall;  // the fncall backend (NodeFncall.h)
   // The density controller (docs/density.md): density.overcommit = false is static limits (ratio 1.0).
@@ -158,7 +158,7 @@ class NodeAgent : private DensityHost {
   const std::string& nodeName() const override { return options_.node_name; }
   NodeAgent(const NodeOptions& options, Metrics* metrics, NodeParts parts);
   void checkBackend();
-  void adoptAll();
+  Status adoptAll();                  // fails only on records it must not touch (a newer dsec's)
   bool adoptOne(StoredState& entry);  // false: reaped instead
   int reapLeftovers();
   void reaperLoop();

@@ -20,6 +20,9 @@ struct NodeParts {
   std::string backend_unavailable;
   std::unique_ptr<ImageSource> images;
   std::unique_ptr<StateStore> state;
+  // Where the backend puts sandbox cgroups (the CPU allocator and density loop look there, and the agent removes
+  // it when empty); "" : cgroupParentForRoot(options.root).
+  std::string cgroup_parent;
   // What the backend's sandboxes have. Simulated ones have no cgroups (the CPU allocator books cores but moves
   // nothing), run no processes (no fncall workers) and use nothing of the host (the density controller admits by
   // its books but ignores the host's pressure, which other work on the machine would otherwise drive).

@@ -20,6 +20,7 @@
 
 #include "dsec/common/Result.h"
 #include "dsec/common/Strings.h"
+#include "dsec/launcher/node/StateStore.h"
 
 namespace dsec::launcher {
 
@@ -52,14 +53,6 @@ struct Session {
   bool lapsed() const { return lapsed_unix.has_value(); }
   nlohmann::json toJson() const;
 };
-
-// Writes a state file: atomically, mode 0600, without fsync (these files only matter while the node's sandboxes
-// live, which no power loss survives).
-inline Status writeStateFile(const std::string& path, const std::string& text) {
-  return writeFileAtomic(path, text, 0600, Durability::kSurvivesAgentCrash);
-}
-// The *.json state files in dir (names only), after deleting the temp files of writes a crash cut short.
-Result<std::vector<std::string>> listStateFiles(const std::string& dir);
 
 class SessionTable {
  public:

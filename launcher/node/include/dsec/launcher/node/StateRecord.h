@@ -36,11 +36,9 @@ struct SandboxStateRecord {
   std::string cpuset;  // a latency sandbox's dedicated cores, to book again ("" none)
 };
 
-// The create parameters as JSON: in a record's "params" and in the API's sandbox info ("session" null if none).
-nlohmann::json createParamsJson(const CreateParams& params);
-
 std::string encodeStateRecord(const SandboxStateRecord& record);
-// kInvalidArgument naming what is wrong; a version newer than this node's is refused (not guessed at).
+// kInvalidArgument naming what is wrong; kUnsupported for a version newer than this node's (not guessed at: the
+// node refuses to start rather than reap sandboxes a newer node still owns).
 Result<SandboxStateRecord> decodeStateRecord(std::string_view text);
 // The backend state of a record that does not decode otherwise (so its leftovers can still be reaped); an empty
 // object when the text is not JSON at all.
