@@ -1,5 +1,7 @@
 #include "dsec/common/Endpoint.h"
 
+#include <arpa/inet.h>
+
 #include "dsec/common/Strings.h"
 
 namespace dsec {
@@ -22,7 +24,8 @@ Result<Endpoint> parseEndpoint(std::string_view text, int default_port) {
   Endpoint ep;
   std::string_view port;
   bool has_port = false;
-  if (!rest.empty() && rest[0] == '[') {
+  bool bracketed = !rest.empty() && rest[0] == '[';
+  if (bracketed) {
     auto close = rest.find(']');
     if (close == std::string_view::npos) return bad("unclosed '['");
     ep.host = std::string(rest.substr(1, close - 1));
@@ -44,6 +47,14 @@ Result<Endpoint> parseEndpoint(std::string_view text, int default_port) {
     }
   }
   if (ep.host.empty()) return bad("no host");
+  if (bracketed) {
+    in6_addr v6{};
+    if (::inet_pton(AF_INET6, ep.host.c_str(), &v6) != 1) return bad("'" + ep.host + "' is not an IPv6 address");
+  } else if (ep.host.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789.-_") !=
+             std::string::npos) {
+    // No user@, no percent-encoding, no control characters: a host name or an IPv4 address only.
+    return bad("host '" + ep.host + "' has a character a host name cannot have");
+  }
   if (!has_port) {
     if (default_port <= 0) return bad("no port");
     ep.port = default_port;

@@ -114,13 +114,13 @@ std::string randomHex(size_t length) {
   return out;
 }
 
-Result<std::string> readFile(const std::string& path) {
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd) return Error::sys(errno, "open " + path);
+namespace {
+
+Result<std::string> readAllOf(int fd, const std::string& path) {
   std::string out;
   char buf[16384];
   while (true) {
-    ssize_t n = ::read(fd.get(), buf, sizeof(buf));
+    ssize_t n = ::read(fd, buf, sizeof(buf));
     if (n < 0) {
       if (errno == EINTR) continue;
       return Error::sys(errno, "read " + path);
@@ -129,6 +129,37 @@ Result<std::string> readFile(const std::string& path) {
     out.append(buf, static_cast<size_t>(n));
   }
   return out;
+}
+
+}  // namespace
+
+Result<std::string> readFile(const std::string& path) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd) return Error::sys(errno, "open " + path);
+  return readAllOf(fd.get(), path);
+}
+
+Result<std::string> readPrivateFile(const std::string& path) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NOCTTY | O_CLOEXEC));
+  if (!fd) {
+    if (errno == ELOOP) return Error(ErrorCode::kConflict, path + " is a symbolic link: refused");
+    return Error::sys(errno, "open " + path);
+  }
+  struct stat file {};
+  if (::fstat(fd.get(), &file) != 0) return Error::sys(errno, "fstat " + path);
+  if (!S_ISREG(file.st_mode) || file.st_uid != ::geteuid() || (file.st_mode & 077) != 0) {
+    return Error(ErrorCode::kConflict, path + " must be a regular file of uid " + std::to_string(::geteuid()) +
+                                           " that no one else may read or write (mode 0600)");
+  }
+  size_t slash = path.find_last_of('/');
+  std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+  struct stat parent {};
+  if (::stat(dir.c_str(), &parent) != 0) return Error::sys(errno, "stat " + dir);
+  bool others_may_replace = (parent.st_mode & 022) != 0 && (parent.st_mode & S_ISVTX) == 0;
+  if ((parent.st_uid != ::geteuid() && parent.st_uid != 0) || others_may_replace) {
+    return Error(ErrorCode::kConflict, "the directory of " + path + " may be changed by another user: refused");
+  }
+  return readAllOf(fd.get(), path);
 }
 
 Status writeFile(const std::string& path, std::string_view contents) {

@@ -124,8 +124,14 @@ std::string startGateway(const LaunchOptions& options, const std::string& fleet_
   config.memory_overcommit = options.memory_overcommit;
   config.lost_after_seconds = options.lost_after;
   config.http = options.serve.http;
-  (void)writeFileAtomic(config.token_file, token, 0600);
-  (void)writeFileAtomic(config.seed_file, json{{"fleet", fleet_name}, {"nodes", nodes}}.dump(2), 0600);
+  for (const auto& [path, text] :
+       {std::pair{config.token_file, token},
+        std::pair{config.seed_file, json{{"fleet", fleet_name}, {"nodes", nodes}}.dump(2)}}) {
+    if (auto st = writeFileAtomic(path, text, 0600); !st.ok()) {
+      DSEC_LOG(kError, kLog) << "the gateway cannot start: " << st.error().message();
+      return "";
+    }
+  }
   *supervisor = std::make_unique<fleet::GatewaySupervisor>(config, fleet_dir + "/gateway-config.json");
   auto port = (*supervisor)->start();
   if (!port.ok()) {

@@ -39,9 +39,11 @@ TEST(EndpointParse, DefaultPortOnlyWhenAsked) {
 }
 
 TEST(EndpointParse, RefusesBadInputsClearly) {
-  for (const char* bad :
-       {"", "http://", ":8470", "http://:8470", "host:", "host:port", "host:-1", "host:0", "host:65536", "host:123456",
-        "[::1", "[::1]8470", "[]:80", "::1:8470", "ftp://host:1", "host :80", "10.0.0.1"}) {
+  for (const char* bad : {"",          "http://",     ":8470",        "http://:8470",   "host:",
+                          "host:port", "host:-1",     "host:0",       "host:65536",     "host:123456",
+                          "[::1",      "[::1]8470",   "[]:80",        "::1:8470",       "ftp://host:1",
+                          "host :80",  "10.0.0.1",    "user@host:80", "http://u:p@h:1", "ho%73t:80",
+                          "a,b:80",    "host\x01:80", "[not-v6]:80",  "[10.0.0.1]:80"}) {
     auto r = parseEndpoint(bad);
     ASSERT_FALSE(r.ok()) << bad;
     EXPECT_EQ(r.error().code(), ErrorCode::kInvalidArgument) << bad;

@@ -32,7 +32,11 @@ class LaunchOptionsTest : public ::testing::Test {
   }
   void TearDown() override {
     for (const auto& [name, value] : saved_) {
-      if (value) ::setenv(name.c_str(), value->c_str(), 1);
+      if (value) {
+        ::setenv(name.c_str(), value->c_str(), 1);
+      } else {
+        ::unsetenv(name.c_str());  // a test set it: it must not reach the next one
+      }
     }
   }
   std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
@@ -194,6 +198,7 @@ TEST(GatewayConfig, RoundTripsWithMode0600) {
   c.http.body_timeout_seconds = 12.345678901;
   c.http.body_min_rate = 1000.5;
   c.http.idle_timeout_ms = 4321;
+  c.http.header_limit = 12345;
   std::string path = dir.path() + "/gateway-config.json";
   ASSERT_OK(writeGatewayConfig(path, c));
   struct stat st {};
@@ -208,17 +213,23 @@ TEST(GatewayConfig, RoundTripsWithMode0600) {
 TEST(GatewayConfig, RefusesBadFiles) {
   dsec::testing::TempDir dir;
   std::string path = dir.path() + "/gateway-config.json";
+  auto write = [&](const char* text) { return writeFileAtomic(path, text, 0600); };
   EXPECT_FALSE(readGatewayConfig(path).ok());  // missing
-  ASSERT_OK(writeFile(path, "not json"));
+  ASSERT_OK(write("not json"));
   EXPECT_FALSE(readGatewayConfig(path).ok());
-  ASSERT_OK(writeFile(path, R"({"fleet_name": "f", "token_file": "/t", "port": "eighty"})"));
+  ASSERT_OK(write(R"({"fleet_name": "f", "token_file": "/t", "port": "eighty"})"));
   auto typed = readGatewayConfig(path);
   ASSERT_FALSE(typed.ok());
   EXPECT_NE(typed.error().message().find("port"), std::string::npos) << typed.error().message();
-  ASSERT_OK(writeFile(path, R"({"fleet_name": "f", "token_file": "/t", "max_connections": 0})"));
+  ASSERT_OK(write(R"({"fleet_name": "f", "token_file": "/t", "max_connections": 0})"));
   EXPECT_FALSE(readGatewayConfig(path).ok());
-  ASSERT_OK(writeFile(path, R"({"fleet_name": "f", "token_file": "/t"})"));
+  ASSERT_OK(write(R"({"fleet_name": "f", "token_file": "/t"})"));
   EXPECT_OK(readGatewayConfig(path));
+  // The same settings readable by others are not trusted (tests/security/GatewayConfigTrustTest.cc has the rest).
+  ASSERT_EQ(::chmod(path.c_str(), 0644), 0);
+  auto loose = readGatewayConfig(path);
+  ASSERT_FALSE(loose.ok());
+  EXPECT_NE(loose.error().message().find("0600"), std::string::npos) << loose.error().message();
 }
 
 }  // namespace

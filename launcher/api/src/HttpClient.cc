@@ -195,16 +195,17 @@ Result<HttpReply> exchange(const std::string& endpoint, const http::request<http
 boost::system::error_code readBodyPieces(SocketStream& stream, boost::beast::flat_buffer& buffer,
                                          http::response_parser<http::buffer_body>& parser,
                                          const std::function<bool(const char*, size_t)>& on_piece) {
-  std::vector<char> piece(kPiece);
+  // Not zeroed: every call (heartbeats, forwarded creates) reads an answer through here.
+  std::unique_ptr<char[]> piece(new char[kPiece]);
   boost::system::error_code ec;
   while (!parser.is_done()) {
-    parser.get().body().data = piece.data();
-    parser.get().body().size = piece.size();
+    parser.get().body().data = piece.get();
+    parser.get().body().size = kPiece;
     http::read_some(stream, buffer, parser, ec);
     if (ec == http::error::need_buffer) ec = {};
     if (ec) return ec;
-    size_t n = piece.size() - parser.get().body().size;
-    if (n > 0 && !on_piece(piece.data(), n)) break;
+    size_t n = kPiece - parser.get().body().size;
+    if (n > 0 && !on_piece(piece.get(), n)) break;
   }
   return ec;
 }

@@ -13,8 +13,6 @@ namespace po = boost::program_options;
 
 namespace {
 
-constexpr uint64_t kMinOutputBudget = uint64_t{1} << 20;
-
 std::string onOff(bool on) { return on ? "on" : "off"; }
 
 // 65536 -> "64K": the default of a size flag as a user would type it.

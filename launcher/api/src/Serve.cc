@@ -23,7 +23,6 @@ namespace dsec::launcher {
 namespace {
 
 constexpr const char* kLog = "serve";
-constexpr uint64_t kMinOutputBudget = uint64_t{1} << 20;
 
 void noopSignal(int) {}
 

@@ -97,7 +97,6 @@ void Gateway::createSandbox(HttpExchange& ex) {
     }
   }
   std::string last_refusal;
-  bool any_capacity_refusal = false;
   for (int attempt = 0; attempt < options_.max_place_attempts; ++attempt) {
     auto ticket = placer_.place(request, exclude);
     if (!ticket.ok()) {
@@ -142,7 +141,6 @@ void Gateway::createSandbox(HttpExchange& ex) {
     if (reply->status == 429) {
       placer_.confirm(*ticket, false);
       exclude.push_back(ticket->node);
-      any_capacity_refusal = true;
       last_refusal = "node " + ref->name + " is full";
       continue;
     }
@@ -158,7 +156,6 @@ void Gateway::createSandbox(HttpExchange& ex) {
     }
     return relayReply(ex, *reply);
   }
-  (void)any_capacity_refusal;
   std::string msg = "no node of fleet " + options_.fleet_name + " can take the sandbox now";
   if (!last_refusal.empty()) msg += ": " + last_refusal;
   ex.sendError(429, "capacity", msg, {{"Retry-After", "1"}}, json{{"retry_after", 1}});
@@ -240,17 +237,14 @@ void Gateway::handleSessions(HttpExchange& ex, const std::vector<std::string>& s
   json unreachable = json::array();
   std::vector<json> ok_parts;
   const fleet::HttpReply* first_error = nullptr;
-  bool all_not_found = true;
   for (auto& [node, reply] : replies) {
     if (!reply.ok()) {
       unreachable.push_back(node.name);
       continue;
     }
     if (reply->status >= 200 && reply->status < 300) {
-      all_not_found = false;
       ok_parts.push_back(reply->json());
     } else {
-      if (reply->status != 404) all_not_found = false;
       if (!first_error || (first_error->status == 404 && reply->status != 404)) first_error = &*reply;
     }
   }
@@ -267,7 +261,6 @@ void Gateway::handleSessions(HttpExchange& ex, const std::vector<std::string>& s
   }
   if (ok_parts.empty()) {
     if (first_error) return relayReply(ex, *first_error);
-    (void)all_not_found;
     return ex.sendError(503, "unavailable", "no node of fleet " + options_.fleet_name + " answered");
   }
   json out;

@@ -64,12 +64,13 @@ Status writeGatewayConfig(const std::string& path, const GatewayProcessConfig& c
             {"header_timeout_seconds", c.http.header_timeout_seconds},
             {"body_timeout_seconds", c.http.body_timeout_seconds},
             {"body_min_rate", c.http.body_min_rate},
-            {"idle_timeout_ms", c.http.idle_timeout_ms}};
+            {"idle_timeout_ms", c.http.idle_timeout_ms},
+            {"header_limit", c.http.header_limit}};
   return writeFileAtomic(path, j.dump(2) + "\n", 0600);
 }
 
 Result<GatewayProcessConfig> readGatewayConfig(const std::string& path) {
-  DSEC_ASSIGN_OR_RETURN(std::string text, readFile(path));
+  DSEC_ASSIGN_OR_RETURN(std::string text, readPrivateFile(path));
   json j = json::parse(text, nullptr, false);
   if (!j.is_object()) return Error::invalid("gateway config " + path + ": not a JSON object");
   GatewayProcessConfig c;
@@ -95,6 +96,7 @@ Result<GatewayProcessConfig> readGatewayConfig(const std::string& path) {
     get("body_timeout_seconds", &c.http.body_timeout_seconds);
     get("body_min_rate", &c.http.body_min_rate);
     get("idle_timeout_ms", &c.http.idle_timeout_ms);
+    get("header_limit", &c.http.header_limit);
   } catch (const json::exception& e) {
     return Error::invalid("gateway config " + path + ": field " + key + ": " + e.what());
   }
@@ -103,7 +105,7 @@ Result<GatewayProcessConfig> readGatewayConfig(const std::string& path) {
 }
 
 int runGatewayProcess(const GatewayProcessConfig& config) {
-  auto token = readFile(config.token_file);
+  auto token = readPrivateFile(config.token_file);
   if (!token.ok()) {
     DSEC_LOG(kError, kLog) << "reading the token: " << token.error().message();
     return 1;
@@ -116,12 +118,13 @@ int runGatewayProcess(const GatewayProcessConfig& config) {
   go.lost_after_seconds = config.lost_after_seconds;
   Gateway gateway(go);
   if (!config.seed_file.empty()) {
-    if (auto seed = readFile(config.seed_file); seed.ok()) {
-      auto j = json::parse(*seed, nullptr, false);
-      if (j.is_object() && j.contains("nodes")) {
-        for (const auto& n : j["nodes"]) {
-          if (auto spec = parseNodeSpec(n); spec.ok()) (void)gateway.registerNode(*spec, true);
-        }
+    auto seed = readPrivateFile(config.seed_file);
+    if (!seed.ok()) {
+      // The nodes register themselves within a heartbeat anyway: the gateway starts without them.
+      DSEC_LOG(kWarn, kLog) << "reading the fleet's nodes: " << seed.error().message();
+    } else if (auto j = json::parse(*seed, nullptr, false); j.is_object() && j.contains("nodes")) {
+      for (const auto& n : j["nodes"]) {
+        if (auto spec = parseNodeSpec(n); spec.ok()) (void)gateway.registerNode(*spec, true);
       }
     }
   }
@@ -184,11 +187,14 @@ bool GatewaySupervisor::spawnOnce(pid_t parent) {
   if (pid == 0) {
     ::prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (::getppid() != parent) ::_exit(1);
+    // Nothing of the rank but stdio: MPI's (PMIx) descriptors would tie the gateway to the step's PMIx server.
+    ::close_range(3, ~0U, 0);
     ::execv("/proc/self/exe", cargv.data());
     ::_exit(127);
   }
   if (pid < 0) return false;
   pid_ = pid;
+  if (stopping_) ::kill(pid, SIGTERM);  // stop() ran between the fork and pid_: it could not signal this one
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }

@@ -21,6 +21,11 @@ bool startsWith(std::string_view text, std::string_view prefix);
 std::string randomHex(size_t length);
 // Reads a whole (small) file; errors carry errno and the path.
 Result<std::string> readFile(const std::string& path);
+// A file only this user may have written: refused (kConflict, saying why) unless it is a regular file, not a
+// symbolic link, owned by the effective uid with no group or other permission bits, in a directory no other
+// user could have replaced it in (owned by this user or root, not group/other writable unless sticky). For
+// tokens and settings a privileged process reads from a state directory.
+Result<std::string> readPrivateFile(const std::string& path);
 // How long an atomic write must last. kSurvivesPowerLoss fsyncs the file before the rename. kSurvivesAgentCrash
 // skips that: for files that only matter while processes of this boot live (a sandbox's state: no power loss
 // leaves the sandbox to re-adopt), where an fsync would only slow the path that writes them.

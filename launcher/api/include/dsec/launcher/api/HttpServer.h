@@ -181,7 +181,6 @@ class HttpExchange {
   bool broken() const { return broken_; }
   bool bodyPending() const;
   bool streamOpen() const { return stream_open_; }
-  bool streamChunked() const { return chunked_; }
 
  private:
   void sendContinueIfExpected();

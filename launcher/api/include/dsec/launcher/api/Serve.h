@@ -14,6 +14,9 @@ namespace dsec::launcher {
 // The HTTP edge of `dsec serve`: HttpServerOptions's defaults, on 127.0.0.1:8470.
 HttpServerOptions defaultServeHttpOptions();
 
+// The smallest node-wide output budget a node accepts (0 is the default budget).
+constexpr uint64_t kMinOutputBudget = uint64_t{1} << 20;
+
 // What a node serves with. The flags of `dsec serve` and `dsec-launch` that set it are declared once, in
 // NodeOptionTable.h.
 struct ServeOptions {
