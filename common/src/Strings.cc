@@ -162,6 +162,23 @@ Result<std::string> readPrivateFile(const std::string& path) {
   return readAllOf(fd.get(), path);
 }
 
+Status makePrivateDir(const std::string& path) {
+  DSEC_TRY(makeDirs(path, 0700));
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!fd) {
+    if (errno == ELOOP || errno == ENOTDIR) return Error(ErrorCode::kConflict, path + " is not a directory: refused");
+    return Error::sys(errno, "open " + path);
+  }
+  struct stat dir {};
+  if (::fstat(fd.get(), &dir) != 0) return Error::sys(errno, "fstat " + path);
+  if (dir.st_uid != ::geteuid()) {
+    return Error(ErrorCode::kConflict, path + " belongs to uid " + std::to_string(dir.st_uid) + ", not to uid " +
+                                           std::to_string(::geteuid()) + ": refused");
+  }
+  if ((dir.st_mode & 077) != 0 && ::fchmod(fd.get(), 0700) != 0) return Error::sys(errno, "chmod 0700 " + path);
+  return {};
+}
+
 Status writeFile(const std::string& path, std::string_view contents) {
   UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
   if (!fd) return Error::sys(errno, "open " + path);

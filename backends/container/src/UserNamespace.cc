@@ -57,7 +57,7 @@ Status IdRangeAllocator::prepare() {
                             "): choose other ranges for sandboxes");
     }
   }
-  DSEC_TRY(makeDirs(options_.lease_dir, 0700));
+  DSEC_TRY(makePrivateDir(options_.lease_dir));
   // Not following a symlink planted by someone else: the directory must be root's and private.
   struct stat st {};
   if (::lstat(options_.lease_dir.c_str(), &st) != 0) return Error::sys(errno, "stat " + options_.lease_dir);

@@ -86,7 +86,7 @@ Status writeFleetFile(const std::string& name, const std::string& endpoint, cons
   DSEC_TRY(validateFleetName(name));
   std::string path = fleetFilePath(name);
   std::string dir = path.substr(0, path.rfind('/'));
-  DSEC_TRY(makeDirs(dir, 0700));
+  DSEC_TRY(makePrivateDir(dir));
   nlohmann::json j = {{"endpoint", endpoint}, {"token", token}, {"fleet", name}, {"node", node}, {"root", root}};
   return writeFileAtomic(path, j.dump(2) + "\n", 0600);
 }

@@ -20,6 +20,7 @@
 #include "dsec/common/Strings.h"
 #include "dsec/launcher/api/Credentials.h"
 #include "dsec/launcher/api/StopSignals.h"
+#include "dsec/launcher/node/NodeName.h"
 #include "dsec/placement/NodeModel.h"
 
 namespace dsec::launcher::fleet {
@@ -68,7 +69,8 @@ Result<std::string> prepareStateDir(const LaunchOptions& options, const std::str
   const std::string& root = options.serve.node.root;
   std::string dir = fleetStateDir(options, node);
   DSEC_TRY(makeDirs(root + "/layers", 0755));
-  DSEC_TRY(makeDirs(dir, 0700));
+  // Its token and the sandboxes' records (their env) live here: a directory someone else made is not used.
+  DSEC_TRY(makePrivateDir(dir));
   std::string link = dir + "/layers";
   struct stat st {};
   if (::lstat(link.c_str(), &st) != 0) {
@@ -98,14 +100,7 @@ std::string safeNodeName(const std::string& given) {
       raw = raw.substr(0, raw.find('.'));
     }
   }
-  std::string out;
-  for (char c : raw) {
-    c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    out.push_back((std::isalnum(static_cast<unsigned char>(c))) ? c : '-');
-  }
-  while (!out.empty() && out[0] == '-') out.erase(0, 1);
-  if (out.size() > 32) out.resize(32);
-  return out.empty() ? "node" : out;
+  return nodeNameFrom(raw);
 }
 
 std::string advertisedAddress(const LaunchOptions& options, const std::string& peer) {

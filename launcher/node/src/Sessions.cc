@@ -93,7 +93,7 @@ json Session::toJson() const {
 SessionTable::SessionTable(std::string dir) : dir_(std::move(dir)) {}
 
 Status SessionTable::load() {
-  if (auto made = makeDirs(dir_, 0700); !made.ok()) return made.error().wrap("creating the session directory");
+  if (auto made = makePrivateDir(dir_); !made.ok()) return made.error().wrap("creating the session directory");
   DSEC_ASSIGN_OR_RETURN(std::vector<std::string> files, listStateFiles(dir_));
   std::lock_guard lock(mu_);
   for (const auto& file : files) {

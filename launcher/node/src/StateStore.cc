@@ -24,7 +24,7 @@ StoredState decodeStored(std::string id, const std::string& text) {
 }  // namespace
 
 Status FileStateStore::prepare() {
-  if (auto made = makeDirs(dir_, 0700); !made.ok()) return made.error().wrap("creating the state directory");
+  if (auto made = makePrivateDir(dir_); !made.ok()) return made.error().wrap("creating the state directory");
   return okStatus();
 }
 

@@ -26,6 +26,9 @@ Result<std::string> readFile(const std::string& path);
 // user could have replaced it in (owned by this user or root, not group/other writable unless sticky). For
 // tokens and settings a privileged process reads from a state directory.
 Result<std::string> readPrivateFile(const std::string& path);
+// Creates path (and its parents) as a directory only this user may use: an existing one that is a symbolic link
+// or belongs to another uid is refused (kConflict), one of this user's with group/other bits becomes 0700.
+Status makePrivateDir(const std::string& path);
 // How long an atomic write must last. kSurvivesPowerLoss fsyncs the file before the rename. kSurvivesAgentCrash
 // skips that: for files that only matter while processes of this boot live (a sandbox's state: no power loss
 // leaves the sandbox to re-adopt), where an fsync would only slow the path that writes them.
