@@ -2,6 +2,7 @@
 // are refused naming the flag. dsec-launch's use of it: tests/fleet/LaunchOptionsTest.cc.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <functional>
 #include <string>
 #include <vector>
@@ -41,6 +42,21 @@ TEST(NodeOptionsTable, EveryServeFlagReachesTheOptions) {
     ServeOptions defaults;
     ASSERT_TRUE(parseServe({}, &defaults).ok());
     EXPECT_FALSE(c.holds(defaults)) << c.args[0] << " holds by default: the case tests nothing";
+  }
+}
+
+// A flag added to the table without a case would reach neither front's test: every flag has one.
+TEST(NodeOptionsTable, EveryFlagOfTheTableHasACase) {
+  ServeOptions o;
+  NodeOptionTable table(&o, {.root = false, .listen = true});
+  po::options_description desc;
+  table.addTo(desc);
+  auto cases = everyNodeFlag(/*with_serve_only=*/true);
+  ASSERT_FALSE(desc.options().empty());
+  for (const auto& option : desc.options()) {
+    std::string flag = "--" + option->long_name();
+    bool covered = std::any_of(cases.begin(), cases.end(), [&](const FlagCase& c) { return c.args[0] == flag; });
+    EXPECT_TRUE(covered) << flag << " has no case in NodeFlagCases.h";
   }
 }
 

@@ -62,8 +62,13 @@ void FncallNodeAttack::start(const launcher::ServeOptions& o) {
     backends::ContainerBackendOptions probe;
     probe.init_pool_size = 0;  // nothing started: only asked what the host lacks
     auto backend = backends::makeContainerBackend(probe);
-    const bool host_lacks = backend.ok() && !(*backend)->missingFeatures().empty();
-    if (host_lacks) GTEST_SKIP() << "fncall unavailable here: " << info["unavailable_backends"]["fncall"];
+    if (!backend.ok()) {
+      GTEST_SKIP() << "container sandboxes cannot start here (" << backend.error().message()
+                   << "): fncall unavailable: " << info["unavailable_backends"]["fncall"];
+    }
+    if (!(*backend)->missingFeatures().empty()) {
+      GTEST_SKIP() << "fncall unavailable here: " << info["unavailable_backends"]["fncall"];
+    }
     FAIL() << "the node offers no fncall on a host that has what it needs: " << info["unavailable_backends"]["fncall"];
   }
 }

@@ -3,6 +3,9 @@
 // connections. Each test fails if the attack works: if the attacker holds more threads than its budget, keeps
 // connections past the deadlines, or keeps a legitimate client from being served.
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <atomic>
@@ -14,6 +17,7 @@
 
 #include "Attacker.h"
 #include "HttpTestClient.h"
+#include "dsec/common/Fd.h"
 #include "dsec/common/Strings.h"
 #include "dsec/launcher/api/HttpServer.h"
 #include "dsec/launcher/api/Serve.h"
@@ -350,23 +354,55 @@ TEST_P(HttpEdgeTest, ABurstOfAuthenticatedConnectionsFromOneClientIsNotRefused) 
 
 TEST_P(HttpEdgeTest, ASlowButSteadyBodyIsAccepted) {
   // A slow upload: 384 KiB at about 128 KiB/s takes longer than the body timeout (2 s) alone, but stays above
-  // the minimum rate (64 KiB/s), so it must be read to the end. The node reads (and drops) the body of a PUT to
-  // /healthz before its 405; the gateway reads a body before its 401 (here without the token).
-  const bool node = GetParam() == "node";
-  HttpTestClient c(edge_->endpoint(), node ? edge_->token() : "wrong-token");
+  // the minimum rate (64 KiB/s), so it must be read to the end. Both edges read (and drop) the body of a PUT to
+  // /healthz before their 405.
+  HttpTestClient c(edge_->endpoint(), edge_->token());
   constexpr uint64_t kSize = uint64_t{384} * 1024;
   constexpr uint64_t kPiece = uint64_t{16} * 1024;
   double t0 = monotonicSeconds();
-  auto r = c.putStreamed(node ? "/healthz" : "/v1/sandboxes", kSize, [&](uint64_t offset) {
+  auto r = c.putStreamed("/healthz", kSize, [&](uint64_t offset) {
     // Paced by the clock: piece k leaves no earlier than k/8 s after the start.
     double due = t0 + static_cast<double>(offset) / static_cast<double>(kPiece) / 8.0;
     while (monotonicSeconds() < due) std::this_thread::sleep_for(std::chrono::milliseconds(5));
     return std::string(kPiece, 'x');
   });
-  EXPECT_EQ(r.status, node ? 405 : 401) << r.body;
+  EXPECT_EQ(r.status, 405) << r.body;
   EXPECT_GT(monotonicSeconds() - t0, kBodyTimeout) << "the upload was not slow enough to test anything";
   HttpTestClient stats(edge_->endpoint(), edge_->token());
   EXPECT_EQ(edge_->httpStats(stats).value("body_timeouts", -1), 0);
+}
+
+// A create without the token announcing a large body and sending none of it: the edge answers 401 from the head
+// and closes, rather than holding a thread to read (or wait for) a body it would drop. Waiting for the body would
+// end in 408 after the body timeout instead.
+TEST_P(HttpEdgeTest, AnUnauthenticatedUploadIsAnsweredFromItsHead) {
+  UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  ASSERT_TRUE(fd);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(edge_->port()));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  std::string head =
+      "POST /v1/sandboxes HTTP/1.1\r\nHost: edge\r\nContent-Type: application/json\r\n"
+      "Content-Length: 100000\r\n\r\n";
+  ASSERT_EQ(::send(fd.get(), head.data(), head.size(), MSG_NOSIGNAL), static_cast<ssize_t>(head.size()));
+  std::string answer;
+  bool closed = false;
+  double deadline = monotonicSeconds() + kBodyTimeout + kSlack;
+  while (!closed && monotonicSeconds() < deadline) {
+    pollfd p{fd.get(), POLLIN, 0};
+    if (::poll(&p, 1, 100) <= 0) continue;
+    char buf[4096];
+    ssize_t n = ::recv(fd.get(), buf, sizeof(buf), 0);
+    if (n <= 0) {
+      closed = true;
+    } else {
+      answer.append(buf, static_cast<size_t>(n));
+    }
+  }
+  EXPECT_TRUE(startsWith(answer, "HTTP/1.1 401")) << answer;
+  EXPECT_TRUE(closed) << "the connection stayed open after the refusal";
 }
 
 INSTANTIATE_TEST_SUITE_P(Edges, HttpEdgeTest, ::testing::Values("node", "gateway"),

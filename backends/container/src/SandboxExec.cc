@@ -230,6 +230,9 @@ class CommandPump {
   // Polls the command's pidfd, its output and its stdin until the pidfd says it exited (it is not reaped).
   Status untilExit();
 
+  // The command is reaped: its pid, and so its group's id, may now name another process; nothing is signalled.
+  void reaped() { killed_ = true; }
+
   // Whatever the command wrote is in the pipes now; background children may hold them open for ever, so this
   // reads only what is already there, for at most kDrainSeconds.
   void drain() {
@@ -394,8 +397,12 @@ Result<ExecResult> ContainerSandbox::run(const ExecRequest& request, ExecSink* s
   ExecResult result;
   CommandPump pump(request, sink, cmd, result, deadline);
   pump.attach(std::move(stdin_fd), std::move(out.read_end), std::move(err.read_end));
-  DSEC_TRY(pump.untilExit());
+  if (auto pumped = pump.untilExit(); !pumped.ok()) {
+    killAndReap(cmd);
+    return pumped.error();
+  }
   reapInto(cmd, result);
+  pump.reaped();
   pump.drain();
   // An OOM kill always shows as a failure; successful execs skip reading the cgroup's counters.
   if (result.exit_code != 0) noteOomKill(result);

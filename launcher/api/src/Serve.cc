@@ -18,6 +18,7 @@
 #include "dsec/launcher/api/StopSignals.h"
 #include "dsec/launcher/node/Metrics.h"
 #include "dsec/launcher/node/NodeAgent.h"
+#include "dsec/launcher/node/NodeName.h"
 
 namespace dsec::launcher {
 namespace {
@@ -37,14 +38,6 @@ void installSigpipeHandler() {
     sa.sa_flags = SA_RESTART;
     sigaction(SIGPIPE, &sa, nullptr);
   });
-}
-
-Status validateNodeName(const std::string& name) {
-  if (name.empty() || name.size() > 32 ||
-      name.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789-") != std::string::npos || name[0] == '-') {
-    return Error::invalid("node name '" + name + "': use 1-32 of [a-z0-9-], not starting with '-'");
-  }
-  return okStatus();
 }
 
 class EmbeddedNodeImpl : public EmbeddedNode {

@@ -11,6 +11,7 @@
 #include "GatewayInternal.h"
 #include "dsec/common/Logging.h"
 #include "dsec/common/Strings.h"
+#include "dsec/launcher/node/NodeName.h"
 
 namespace dsec::launcher {
 namespace {
@@ -42,11 +43,7 @@ Result<FleetNodeSpec> parseNodeSpec(const json& body) {
     FleetNodeSpec spec;
     spec.name = body.at("name").get<std::string>();
     spec.endpoint = body.at("endpoint").get<std::string>();
-    if (spec.name.empty() || spec.name.size() > 32 ||
-        spec.name.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789-") != std::string::npos ||
-        spec.name[0] == '-') {
-      return Error::invalid("node name '" + spec.name + "': use 1-32 of [a-z0-9-], not starting with '-'");
-    }
+    DSEC_TRY(validateNodeName(spec.name));
     DSEC_TRY(fleet::parseEndpoint(spec.endpoint));
     if (body.contains("capacity")) {
       const auto& cap = body["capacity"];
