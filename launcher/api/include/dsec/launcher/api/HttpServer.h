@@ -301,8 +301,20 @@ class HttpServer {
   void startConnection(int fd, const std::string& client, double accepted_at, bool authenticated);
   void refuseForClient(int fd, const std::string& client);
   void releaseClientSlot(const std::string& client);
-  void serveConnection(int fd, ConnState& state);
   void reapFinished(bool all);
+
+  // One connection's thread (HttpConnection.cc): requests one after another while the connection keeps alive.
+  enum class Next { kServe, kClose, kLingerAndClose };  // what the connection does after a step
+  void serveConnection(int fd, ConnState& state);
+  ConnectionContext connectionContext(ConnState& state);
+  // Keep-alive: waits for the next request to start; false when the connection ends instead.
+  bool awaitNextRequest(SocketStream& stream, const boost::beast::flat_buffer& buffer, const ConnState& state) const;
+  // Reads a request head due by head_started + the head deadline; a late, oversized or malformed one is answered
+  // here (408, 400) and ends the connection.
+  Next readRequestHead(SocketStream& stream, boost::beast::flat_buffer& buffer,
+                       http::request_parser<http::empty_body>& parser, double head_started);
+  // Hands the exchange to the handler and answers for it if it did not.
+  Next runExchange(HttpExchange& exchange);
 
   struct ConnThread {
     std::thread thread;
