@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "dsec/common/Endpoint.h"
 #include "dsec/common/Prometheus.h"
 
 namespace dsec::launcher {
@@ -23,14 +24,14 @@ namespace {
 
 // A listening socket, non-blocking, on the listen address.
 Result<UniqueFd> listenOn(const std::string& listen) {
-  DSEC_ASSIGN_OR_RETURN(auto addr, parseListenAddress(listen));
+  DSEC_ASSIGN_OR_RETURN(Endpoint addr, parseListenAddress(listen));
   struct addrinfo hints {};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
   struct addrinfo* res = nullptr;
-  std::string port_text = std::to_string(addr.second);
-  int gai = ::getaddrinfo(addr.first.c_str(), port_text.c_str(), &hints, &res);
+  std::string port_text = std::to_string(addr.port);
+  int gai = ::getaddrinfo(addr.host.c_str(), port_text.c_str(), &hints, &res);
   if (gai != 0) return Error::invalid("listen address '" + listen + "': " + gai_strerror(gai));
   std::unique_ptr<struct addrinfo, decltype(&::freeaddrinfo)> res_guard(res, ::freeaddrinfo);
   UniqueFd fd(::socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));

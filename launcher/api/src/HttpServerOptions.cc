@@ -1,32 +1,9 @@
-// HttpServerOptions (HttpServer.h): their defaults and checks, and the listen address.
+// HttpServerOptions (HttpServer.h): their defaults and checks.
 #include <algorithm>
 
 #include "dsec/launcher/api/HttpServer.h"
 
 namespace dsec::launcher {
-
-Result<std::pair<std::string, int>> parseListenAddress(const std::string& listen) {
-  std::string host, port;
-  if (!listen.empty() && listen[0] == '[') {
-    auto close = listen.find(']');
-    if (close == std::string::npos || close + 1 >= listen.size() || listen[close + 1] != ':') {
-      return Error::invalid("listen address '" + listen + "': expected [ADDR]:PORT");
-    }
-    host = listen.substr(1, close - 1);
-    port = listen.substr(close + 2);
-  } else {
-    auto colon = listen.rfind(':');
-    if (colon == std::string::npos) return Error::invalid("listen address '" + listen + "': expected ADDR:PORT");
-    host = listen.substr(0, colon);
-    port = listen.substr(colon + 1);
-  }
-  if (host.empty()) host = "0.0.0.0";
-  if (port.empty() || port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos ||
-      std::stoi(port) > 65535) {
-    return Error::invalid("listen address '" + listen + "': bad port '" + port + "'");
-  }
-  return std::make_pair(host, std::stoi(port));
-}
 
 int clientConnectionLimit(const HttpServerOptions& options) {
   if (options.max_client_connections > 0) return options.max_client_connections;

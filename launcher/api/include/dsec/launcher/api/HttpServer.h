@@ -228,8 +228,8 @@ class RequestHandler {
 };
 
 struct HttpServerOptions {
-  std::string listen = "127.0.0.1:0";
-  int max_connections = 1024;  // connection threads in all; more get 503
+  std::string listen = "127.0.0.1:0";  // "ADDR:PORT", "[V6]:PORT", ":PORT" (every interface); port 0: any free one
+  int max_connections = 1024;          // connection threads in all; more get 503
   // Connections one client may hold that have not yet carried a request with a valid token (0: the default,
   // min(64, max_connections / 2)); all clients together hold at most max_connections / 2 such connections. Over
   // either, a connection waits in the acceptor, without a thread, for a slot or for its head to show the token
@@ -345,8 +345,6 @@ class HttpServer {
   std::atomic<bool> stopped_{false};
 };
 
-// "127.0.0.1:8470", "[::1]:0", ":8470" (all interfaces) -> address and port.
-Result<std::pair<std::string, int>> parseListenAddress(const std::string& listen);
 // Maps a dsec error code to (HTTP status, API code).
 std::pair<int, std::string> httpStatusFor(ErrorCode code);
 
