@@ -1,6 +1,7 @@
 // dsec bench create: C client threads, each with its own keep-alive connection, create sandboxes and run `true`
 // in each; the latency sample is create request start to first exec completion. All sandboxes stay alive until
 // the phase ends (node memory is measured then), and are destroyed afterwards.
+#include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <mutex>
@@ -9,6 +10,45 @@
 #include "dsec/common/Strings.h"
 
 namespace dsec::cli {
+namespace {
+
+struct CreatePhase {
+  std::vector<double> latencies_ms;  // create request start to first exec completion
+  std::vector<double> create_ms;     // the create request alone
+  std::vector<std::string> ids;
+  int failures = 0;
+  std::string first_error;
+  double wall = 0;
+};
+
+// count creates of create_body, each followed by `true`, on `concurrency` keep-alive connections.
+CreatePhase createAll(const BenchTarget& target, const nlohmann::json& create_body, int count, int concurrency) {
+  CreatePhase phase;
+  std::mutex mu;
+  std::atomic<int> next{0};
+  nlohmann::json exec_body{{"cmd", nlohmann::json::array({"true"})}};
+  double start = monotonicSeconds();
+  runWorkers(target.address, concurrency, [&](ApiClient& client, int) {
+    while (next++ < count) {
+      double t0 = monotonicSeconds();
+      double t1 = t0;
+      std::string error = createAndExec(client, create_body, exec_body, &mu, &phase.ids, &t1);
+      double t2 = monotonicSeconds();
+      std::lock_guard lock(mu);
+      if (!error.empty()) {
+        ++phase.failures;
+        if (phase.first_error.empty()) phase.first_error = error;
+        continue;
+      }
+      phase.latencies_ms.push_back((t2 - t0) * 1000.0);
+      phase.create_ms.push_back((t1 - t0) * 1000.0);
+    }
+  });
+  phase.wall = monotonicSeconds() - start;
+  return phase;
+}
+
+}  // namespace
 
 int benchCreate(const Invocation& inv) {
   CommonOptions common;
@@ -36,54 +76,27 @@ int benchCreate(const Invocation& inv) {
   if (!target.ok()) return reportError(inv, target.error());
   std::cout << "bench create: " << count << " x " << target->image << " (" << backend << ") at concurrency "
             << concurrency << " against " << target->address.endpoint << "\n";
-
   auto mem_before = hostMemoryUsedMb();
   if (!mem_before.ok()) return reportError(inv, mem_before.error());
-
-  std::mutex mu;
-  std::vector<double> latencies_ms;
-  std::vector<double> create_ms;
-  std::vector<std::string> ids;
-  std::string first_error;
-  std::atomic<int> next{0};
-  std::atomic<int> failures{0};
-  nlohmann::json create_body{{"image", target->image}, {"backend", backend}};
-  nlohmann::json exec_body{{"cmd", nlohmann::json::array({"true"})}};
-
-  double start = monotonicSeconds();
-  runWorkers(target->address, concurrency, [&](ApiClient& client, int) {
-    while (next++ < count) {
-      double t0 = monotonicSeconds();
-      double t1 = t0;
-      std::string error = createAndExec(client, create_body, exec_body, &mu, &ids, &t1);
-      double t2 = monotonicSeconds();
-      std::lock_guard lock(mu);
-      if (!error.empty()) {
-        ++failures;
-        if (first_error.empty()) first_error = error;
-        continue;
-      }
-      latencies_ms.push_back((t2 - t0) * 1000.0);
-      create_ms.push_back((t1 - t0) * 1000.0);
-    }
-  });
-  double wall = monotonicSeconds() - start;
+  CreatePhase phase = createAll(*target, {{"image", target->image}, {"backend", backend}}, count, concurrency);
   auto mem_after = hostMemoryUsedMb();
 
   double destroy_start = monotonicSeconds();
-  int destroy_failures = destroyAll(target->address, ids, concurrency);
+  int destroy_failures = destroyAll(target->address, phase.ids, concurrency);
   double destroy_seconds = monotonicSeconds() - destroy_start;
   if (target->node) target->node->stop(true);
 
-  double per_second = static_cast<double>(latencies_ms.size()) / wall;
-  std::printf("created %zu sandboxes in %.3f s (%.1f/s), %d failures\n", latencies_ms.size(), wall, per_second,
-              failures.load());
+  const auto& latencies_ms = phase.latencies_ms;
+  double per_second = static_cast<double>(latencies_ms.size()) / phase.wall;
+  std::printf("created %zu sandboxes in %.3f s (%.1f/s), %d failures\n", latencies_ms.size(), phase.wall, per_second,
+              phase.failures);
   std::printf("create+first exec: p50 %.2f ms  p90 %.2f ms  p99 %.2f ms  max %.2f ms\n", percentile(latencies_ms, 50),
               percentile(latencies_ms, 90), percentile(latencies_ms, 99), percentile(latencies_ms, 100));
-  std::printf("create request alone: p50 %.2f ms  p99 %.2f ms\n", percentile(create_ms, 50), percentile(create_ms, 99));
+  std::printf("create request alone: p50 %.2f ms  p99 %.2f ms\n", percentile(phase.create_ms, 50),
+              percentile(phase.create_ms, 99));
   std::printf("node memory used: %.0f MB before, %.0f MB with all alive; destroyed all in %.3f s (%d failed)\n",
               *mem_before, mem_after.ok() ? *mem_after : 0.0, destroy_seconds, destroy_failures);
-  if (!first_error.empty()) std::printf("first failure: %s\n", first_error.c_str());
+  if (!phase.first_error.empty()) std::printf("first failure: %s\n", phase.first_error.c_str());
   nlohmann::json summary{{"count", count},
                          {"concurrency", concurrency},
                          {"p50_ms", std::round(percentile(latencies_ms, 50) * 1000) / 1000},
@@ -91,10 +104,10 @@ int benchCreate(const Invocation& inv) {
                          {"per_second", std::round(per_second * 10) / 10},
                          {"node_mem_before_mb", std::round(*mem_before)},
                          {"node_mem_after_mb", mem_after.ok() ? std::round(*mem_after) : 0.0},
-                         {"failures", failures.load()}};
+                         {"failures", phase.failures}};
   std::fflush(stdout);
   std::cout << summary.dump() << std::endl;
-  return failures.load() == 0 && destroy_failures == 0 ? kExitOk : kExitFailure;
+  return phase.failures == 0 && destroy_failures == 0 ? kExitOk : kExitFailure;
 }
 
 }  // namespace dsec::cli

@@ -54,5 +54,35 @@ TEST(EndpointParse, RefusesBadInputsClearly) {
   EXPECT_EQ(tls.error().code(), ErrorCode::kUnsupported);
 }
 
+TEST(ListenAddressParse, AcceptsAddressesPortZeroAndEveryInterface) {
+  struct Case {
+    const char* text;
+    const char* host;
+    int port;
+  };
+  for (const Case& c : {Case{"127.0.0.1:8470", "127.0.0.1", 8470}, Case{"127.0.0.1:0", "127.0.0.1", 0},
+                        Case{"[::1]:0", "::1", 0}, Case{"[::]:65535", "::", 65535}, Case{":8470", "0.0.0.0", 8470},
+                        Case{"0.0.0.0:1", "0.0.0.0", 1}, Case{"node-1.cluster:80", "node-1.cluster", 80}}) {
+    auto a = parseListenAddress(c.text);
+    ASSERT_OK(a);
+    EXPECT_EQ(a->host, c.host) << c.text;
+    EXPECT_EQ(a->port, c.port) << c.text;
+  }
+}
+
+TEST(ListenAddressParse, RefusesBadInputsClearly) {
+  for (const char* bad : {"", "8470", "127.0.0.1", "127.0.0.1:", "127.0.0.1:70000", "host:port", "host:-1", "::1:8470",
+                          "[::1]", "[::1", "[]:80", ":", "[10.0.0.1]:80", "http://127.0.0.1:80", "127.0.0.1:80/",
+                          "host :80", "user@host:80", "host\x01:80"}) {
+    auto r = parseListenAddress(bad);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.error().code(), ErrorCode::kInvalidArgument) << bad;
+    EXPECT_NE(r.error().message().find(std::string("listen address '") + bad + "'"), std::string::npos)
+        << r.error().message();
+  }
+  EXPECT_NE(parseListenAddress("::1:8470").error().message().find("brackets"), std::string::npos);
+  EXPECT_NE(parseListenAddress("h:99999").error().message().find("out of range"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace dsec

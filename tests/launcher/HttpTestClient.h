@@ -1,10 +1,9 @@
-// A small synchronous HTTP client (Boost.Beast) for the node API tests: keep-alive requests, streamed
-// uploads and downloads that never hold a whole large body, and raw byte streams for abuse tests.
+// The tests' HTTP client: a thin convenience over the product's client (launcher/api/HttpClient.h) with the
+// test's token, keep-alive connections of its own, every answer header, and transport failures thrown. raw()
+// alone writes bytes itself: it sends what no client would (malformed requests, for abuse tests).
 #pragma once
 
-#include <boost/asio/ip/tcp.hpp>
-#include <boost/beast/core/flat_buffer.hpp>
-#include <boost/beast/http.hpp>
+#include <boost/beast/http/verb.hpp>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -12,6 +11,9 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+
+#include "dsec/launcher/api/ConnectionPool.h"
+#include "dsec/launcher/api/HttpClient.h"
 
 namespace dsec::testing {
 
@@ -37,7 +39,7 @@ class HttpTestClient {
   HttpReply postJson(const std::string& target, const nlohmann::json& body) {
     return request(boost::beast::http::verb::post, target, body.dump(), {{"Content-Type", "application/json"}});
   }
-  // PUT with a body produced in pieces by `next` (returns false when done) and a known total size.
+  // PUT with a body produced in pieces by `next` (an empty piece ends it) and a known total size.
   HttpReply putStreamed(const std::string& target, uint64_t size,
                         const std::function<std::string(uint64_t offset)>& next);
   // GET whose body is handed to `sink` piece by piece (not kept in the reply).
@@ -52,17 +54,15 @@ class HttpTestClient {
   int port() const { return port_; }
 
  private:
-  HttpReply readStreamed(const std::string& target, const std::function<void(const char*, size_t)>& sink);
-  void connect();
-  void prepare(boost::beast::http::request_header<>& head, bool auth,
-               const std::map<std::string, std::string>& headers);
+  // The call options of a request with these extra headers; the token goes in unless auth is false.
+  launcher::client::CallOptions options(const std::map<std::string, std::string>& headers);
+  std::string tokenFor(bool auth) const { return auth ? token_ : std::string(); }
 
+  std::string endpoint_;
   std::string host_;
   int port_ = 0;
   std::string token_;
-  boost::asio::io_context io_;
-  std::unique_ptr<boost::asio::ip::tcp::socket> socket_;
-  boost::beast::flat_buffer buffer_;
+  launcher::client::ConnectionPool pool_;  // this client's keep-alive connections
 };
 
 // Resident and peak resident memory of this process in bytes (VmRSS/VmHWM); resetPeakRss() restarts VmHWM.

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <boost/asio/error.hpp>
+#include <boost/asio/write.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
 #include <cstring>
 #include <limits>
@@ -111,32 +112,66 @@ Result<UniqueFd> connectTo(const std::string& endpoint, const CallOptions& optio
 
 namespace {
 
+// A request's head: Host, the bearer token, the user agent, keep-alive when pooled, the options' headers.
+void setHead(http::request_header<>& head, const Endpoint& ep, const std::string& token, const CallOptions& options) {
+  head.set(http::field::host, ep.hostPort());
+  if (!token.empty()) head.set(http::field::authorization, "Bearer " + token);
+  if (!options.user_agent.empty()) head.set(http::field::user_agent, options.user_agent);
+  if (options.pool == nullptr) head.set(http::field::connection, "close");  // HTTP/1.1 keeps alive unless told
+}
+
+void setExtraHeaders(http::request_header<>& head, const CallOptions& options) {
+  for (const auto& [name, value] : options.headers) head.set(name, value);
+}
+
 http::request<http::string_body> makeRequest(const Endpoint& ep, http::verb method, const std::string& target,
                                              const std::string& token, const std::string& body,
                                              const CallOptions& options) {
   http::request<http::string_body> req{method, target, 11};
-  req.set(http::field::host, ep.hostPort());
-  if (!token.empty()) req.set(http::field::authorization, "Bearer " + token);
-  if (!options.user_agent.empty()) req.set(http::field::user_agent, options.user_agent);
-  req.keep_alive(options.pool != nullptr);
+  setHead(req.base(), ep, token, options);
   if (!body.empty() || method == http::verb::post || method == http::verb::put) {
     req.set(http::field::content_type, "application/json");
     req.body() = body;
   }
+  setExtraHeaders(req.base(), options);
   req.prepare_payload();
   return req;
+}
+
+// Writes a request on the stream; the transport error, if any.
+using SendRequest = std::function<boost::system::error_code(SocketStream&)>;
+
+// What exchange() may do besides sending and reading one answer.
+struct ExchangeRules {
+  bool pooled = true;                     // take a pooled connection when there is a pool
+  bool answer_after_failed_send = false;  // read an answer even when the send failed (an early answer)
+};
+
+HttpReply replyHead(const http::response_header<>& head, const CallOptions& options) {
+  HttpReply reply;
+  reply.status = static_cast<int>(head.result_int());
+  if (options.all_headers) {
+    for (const auto& field : head)
+      reply.headers.emplace_back(std::string(field.name_string()), std::string(field.value()));
+    return reply;
+  }
+  reply.headers = relayedHeaders(head);
+  if (auto it = head.find(http::field::content_type); it != head.end()) {
+    reply.headers.emplace_back("Content-Type", std::string(it->value()));
+  }
+  return reply;
 }
 
 // Sends req and reads the answer: a 2xx body to on_body when given, else into the reply (at most
 // max_body_bytes). A pooled connection the peer closed meanwhile (restart, idle timeout) fails before any byte
 // of an answer: then, and only then, the request goes once more on a new connection. A peer that got the
 // request answers it on the connection it came on, so nothing is ever sent twice to a live peer.
-Result<HttpReply> exchange(const std::string& endpoint, const http::request<http::string_body>& req,
+Result<HttpReply> exchange(const std::string& endpoint, const SendRequest& send, const ExchangeRules& rules,
                            const CallOptions& options, const std::function<bool(const char*, size_t)>* on_body) {
   for (int attempt = 0;; ++attempt) {
     UniqueFd fd;
     bool reused = false;
-    if (options.pool != nullptr && attempt == 0) {
+    if (options.pool != nullptr && rules.pooled && attempt == 0) {
       fd = options.pool->take(endpoint);
       reused = fd.valid();
     }
@@ -144,11 +179,11 @@ Result<HttpReply> exchange(const std::string& endpoint, const http::request<http
       DSEC_ASSIGN_OR_RETURN(fd, connectTo(endpoint, options));
     }
     SocketStream stream(fd.get(), options.abort_fd, options.io_timeout_ms);
-    boost::system::error_code ec;
-    http::write(stream, req, ec);
+    boost::system::error_code ec = send(stream);
+    const bool gave_up = ec == net::error::operation_aborted || ec == net::error::timed_out;
     if (ec) {
-      if (reused && ec != net::error::operation_aborted && ec != net::error::timed_out) continue;
-      return transportError(endpoint, "sending to", ec);
+      if (reused && !gave_up) continue;
+      if (!rules.answer_after_failed_send || gave_up) return transportError(endpoint, "sending to", ec);
     }
     boost::beast::flat_buffer buffer;
     http::response_parser<http::buffer_body> parser;
@@ -161,13 +196,8 @@ Result<HttpReply> exchange(const std::string& endpoint, const http::request<http
       }
       return transportError(endpoint, "reading the answer of", ec);
     }
-    HttpReply reply;
-    const auto& head = parser.get().base();
-    reply.status = static_cast<int>(head.result_int());
-    reply.headers = relayedHeaders(head);
-    if (auto it = head.find(http::field::content_type); it != head.end()) {
-      reply.headers.emplace_back("Content-Type", std::string(it->value()));
-    }
+    HttpReply reply = replyHead(parser.get().base(), options);
+    reply.closed = !parser.get().keep_alive();
     bool to_sink = on_body != nullptr && reply.status >= 200 && reply.status < 300;
     std::optional<Error> failure;
     ec = readBodyPieces(stream, buffer, parser, [&](const char* data, size_t n) {
@@ -183,7 +213,7 @@ Result<HttpReply> exchange(const std::string& endpoint, const http::request<http
     });
     if (ec) return transportError(endpoint, "reading the answer of", ec);
     if (failure) return *failure;
-    if (options.pool != nullptr && parser.get().keep_alive() && buffer.size() == 0) {
+    if (options.pool != nullptr && rules.pooled && parser.get().keep_alive() && buffer.size() == 0) {
       options.pool->give(endpoint, std::move(fd));
     }
     return reply;
@@ -210,17 +240,56 @@ boost::system::error_code readBodyPieces(SocketStream& stream, boost::beast::fla
   return ec;
 }
 
+namespace {
+
+SendRequest sendWhole(const http::request<http::string_body>& req) {
+  return [&req](SocketStream& stream) {
+    boost::system::error_code ec;
+    http::write(stream, req, ec);
+    return ec;
+  };
+}
+
+}  // namespace
+
 Result<HttpReply> call(const std::string& endpoint, http::verb method, const std::string& target,
                        const std::string& token, const std::string& body, const CallOptions& options) {
   DSEC_ASSIGN_OR_RETURN(auto ep, parseEndpoint(endpoint));
-  return exchange(endpoint, makeRequest(ep, method, target, token, body, options), options, nullptr);
+  auto req = makeRequest(ep, method, target, token, body, options);
+  return exchange(endpoint, sendWhole(req), ExchangeRules{}, options, nullptr);
 }
 
 Result<HttpReply> callStreaming(const std::string& endpoint, http::verb method, const std::string& target,
                                 const std::string& token, const std::string& body, const CallOptions& options,
                                 const std::function<bool(const char*, size_t)>& on_body) {
   DSEC_ASSIGN_OR_RETURN(auto ep, parseEndpoint(endpoint));
-  return exchange(endpoint, makeRequest(ep, method, target, token, body, options), options, &on_body);
+  auto req = makeRequest(ep, method, target, token, body, options);
+  return exchange(endpoint, sendWhole(req), ExchangeRules{}, options, &on_body);
+}
+
+Result<HttpReply> callUpload(const std::string& endpoint, http::verb method, const std::string& target,
+                             const std::string& token, uint64_t body_size,
+                             const std::function<std::string(uint64_t produced)>& next_piece,
+                             const CallOptions& options) {
+  DSEC_ASSIGN_OR_RETURN(auto ep, parseEndpoint(endpoint));
+  http::request<http::empty_body> req{method, target, 11};
+  setHead(req.base(), ep, token, options);
+  req.set(http::field::content_type, "application/octet-stream");
+  setExtraHeaders(req.base(), options);
+  req.content_length(body_size);
+  auto send = [&](SocketStream& stream) {
+    http::request_serializer<http::empty_body> head{req};
+    boost::system::error_code ec;
+    http::write_header(stream, head, ec);
+    for (uint64_t produced = 0; !ec && produced < body_size;) {
+      std::string piece = next_piece(produced);
+      if (piece.empty()) break;
+      net::write(stream, net::buffer(piece), ec);
+      produced += piece.size();
+    }
+    return ec;
+  };
+  return exchange(endpoint, send, ExchangeRules{.pooled = false, .answer_after_failed_send = true}, options, nullptr);
 }
 
 }  // namespace dsec::launcher::client

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 
+#include "dsec/common/Endpoint.h"
 #include "dsec/common/Strings.h"
 #include "dsec/launcher/api/Credentials.h"
 
@@ -55,12 +56,8 @@ Status checkRatios(const std::string& what, double lo, double start, double hi) 
 }
 
 Status checkListen(const std::string& listen) {
-  auto colon = listen.rfind(':');
-  if (colon == std::string::npos || colon == 0) return flagError("listen", "wants ADDR:PORT, not '" + listen + "'");
-  std::string port = listen.substr(colon + 1);
-  if (port.empty() || port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos ||
-      std::stoi(port) > 65535) {
-    return flagError("listen", "wants a port 0..65535, not '" + port + "'");
+  if (auto address = parseListenAddress(listen); !address.ok()) {
+    return Error::invalid("--listen: " + address.error().message());
   }
   return okStatus();
 }

@@ -1,19 +1,15 @@
-// The gateway's requests that go to nodes: creates placed with the ClusterPlacer, requests naming a sandbox
-// forwarded to its node, listings and sessions fanned out to every node and merged.
+// The gateway's requests that go to nodes: requests naming a sandbox forwarded to its node, listings and
+// sessions fanned out to every node and merged. Creates are in GatewayCreate.cc.
 #include <algorithm>
-#include <cmath>
 
 #include "GatewayInternal.h"
-#include "dsec/common/Logging.h"
 #include "dsec/common/Strings.h"
 #include "dsec/launcher/api/Edge.h"
-#include "dsec/launcher/api/Requests.h"
 #include "dsec/launcher/fleet/Gateway.h"
 
 namespace dsec::launcher {
 namespace {
 
-using gateway_internal::kLog;
 using gateway_internal::secondsText;
 using nlohmann::json;
 namespace http = boost::beast::http;
@@ -68,98 +64,6 @@ json mergeSessions(const std::vector<json>& parts) {
 }
 
 }  // namespace
-
-void Gateway::createSandbox(HttpExchange& ex) {
-  auto raw = readBodyOrAnswer(ex, kJsonBodyLimit);
-  if (!raw) return;
-  // The node's own validation and defaults (CreateParams): what fails here would fail on every node.
-  auto body = parseJsonObject(*raw);
-  if (!body.ok()) return sendError(ex, body.error());
-  auto params = parseCreateRequest(*body, /*node_memory_bytes=*/0);
-  if (!params.ok()) return sendError(ex, params.error());
-  placement::ClusterRequest request;
-  request.cpus = params->cpus;
-  request.memory_bytes = params->memory_bytes;
-  request.backend = params->backend;
-  const std::string& session = params->session;
-  if (request.cpus <= 0 || request.memory_bytes <= 0) {  // unlimited: still one slot in the placer's books
-    request.cpus = std::max(request.cpus, 0.001);
-    request.memory_bytes = std::max<int64_t>(request.memory_bytes, 1);
-  }
-
-  std::vector<placement::NodeId> exclude;
-  if (params->qos == backends::CpuQos::kLatency) {
-    // A latency sandbox needs ceil(cpus) dedicated cores: skip nodes whose last report had fewer free.
-    std::lock_guard lock(mu_);
-    for (const auto& [name, n] : nodes_) {
-      if (n.free_dedicated_cores >= 0 && n.free_dedicated_cores < std::ceil(request.cpus - 1e-9))
-        exclude.push_back(n.id);
-    }
-  }
-  std::string last_refusal;
-  for (int attempt = 0; attempt < options_.max_place_attempts; ++attempt) {
-    auto ticket = placer_.place(request, exclude);
-    if (!ticket.ok()) {
-      if (ticket.error().code() == ErrorCode::kInvalidArgument) {
-        return ex.sendError(400, "invalid_request", ticket.error().message());
-      }
-      last_refusal = ticket.error().message() + (last_refusal.empty() ? "" : " (" + last_refusal + ")");
-      break;
-    }
-    auto ref = nodeRef(placer_.name(ticket->node));
-    if (!ref) {
-      placer_.confirm(*ticket, false);
-      exclude.push_back(ticket->node);
-      continue;
-    }
-    auto reply = fleet::call(ref->endpoint, http::verb::post, "/v1/sandboxes", options_.token, *raw,
-                             callOptions(*ref, 300 * 1000));
-    if (reply.ok() && reply->status == 404 && !session.empty()) {
-      // A node that joined after the session was created does not know it yet: create it there, then retry.
-      std::string params;
-      {
-        std::lock_guard lock(mu_);
-        if (auto it = sessions_.find(session); it != sessions_.end()) params = it->second;
-      }
-      if (!params.empty()) {
-        auto put = fleet::call(ref->endpoint, http::verb::put, "/v1/sessions/" + session, options_.token, params,
-                               callOptions(*ref, 10000));
-        if (put.ok() && put->status == 200) {
-          reply = fleet::call(ref->endpoint, http::verb::post, "/v1/sandboxes", options_.token, *raw,
-                              callOptions(*ref, 300 * 1000));
-        }
-      }
-    }
-    if (!reply.ok()) {
-      placer_.confirm(*ticket, false);
-      exclude.push_back(ticket->node);
-      last_refusal = "node " + ref->name + ": " + reply.error().message();
-      DSEC_LOG(kWarn, kLog) << "create on " << ref->name << " failed, placing again: " << reply.error().message();
-      watch_cv_.notify_all();
-      continue;
-    }
-    if (reply->status == 429) {
-      placer_.confirm(*ticket, false);
-      exclude.push_back(ticket->node);
-      last_refusal = "node " + ref->name + " is full";
-      continue;
-    }
-    placer_.confirm(*ticket, reply->status == 201);
-    if (reply->status == 201) {
-      std::lock_guard lock(mu_);
-      if (auto it = nodes_.find(ref->name); it != nodes_.end()) {
-        Node& n = it->second;
-        // A running mean of the CPUs per sandbox, for the committed-CPU estimate between probes.
-        n.cpus_per_sandbox = (n.cpus_per_sandbox * 15 + request.cpus) / 16;
-        n.sandboxes++;
-      }
-    }
-    return relayReply(ex, *reply);
-  }
-  std::string msg = "no node of fleet " + options_.fleet_name + " can take the sandbox now";
-  if (!last_refusal.empty()) msg += ": " + last_refusal;
-  ex.sendError(429, "capacity", msg, {{"Retry-After", "1"}}, json{{"retry_after", 1}});
-}
 
 void Gateway::forwardToSandbox(HttpExchange& ex, const std::string& sandbox_id) {
   std::string node = nodeOfSandboxId(sandbox_id);

@@ -1,4 +1,4 @@
-// Helpers shared by the gateway's source files (Gateway.cc, GatewayRoutes.cc, GatewayForward.cc).
+// Helpers shared by the gateway's source files (Gateway*.cc).
 #pragma once
 
 #include <cstdio>

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "dsec/common/Endpoint.h"
 #include "dsec/common/Logging.h"
 #include "dsec/common/Strings.h"
 #include "dsec/launcher/api/StopSignals.h"
@@ -44,7 +45,7 @@ void field(const json& j, const char* key, T* out) {
 
 HttpServerOptions gatewayHttpOptions(const GatewayProcessConfig& c) {
   HttpServerOptions h = c.http;
-  h.listen = (c.address.empty() ? std::string("0.0.0.0") : c.address) + ":" + std::to_string(c.port);
+  h.listen = Endpoint{c.address.empty() ? std::string("0.0.0.0") : c.address, c.port}.hostPort();
   return h;
 }
 

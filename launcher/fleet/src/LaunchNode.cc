@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "dsec/common/Endpoint.h"
 #include "dsec/common/Fd.h"
 #include "dsec/common/Logging.h"
 #include "dsec/common/Strings.h"
@@ -140,7 +141,7 @@ Result<RunningNode> startLaunchNode(const LaunchOptions& options, const std::str
   ServeOptions serve = options.serve;  // every node flag, as given
   DSEC_ASSIGN_OR_RETURN(serve.node.root, prepareStateDir(options, r.name, token));
   serve.node.node_name = r.name;
-  serve.http.listen = advertisedAddress(options, peer) + ":" + std::to_string(options.node_port);
+  serve.http.listen = Endpoint{advertisedAddress(options, peer), options.node_port}.hostPort();
   serve.write_fleet_file = false;
   DSEC_ASSIGN_OR_RETURN(r.node, EmbeddedNode::start(serve));
   r.endpoint = r.node->endpoint();

@@ -29,12 +29,17 @@ struct CallOptions {
   ConnectionPool* pool = nullptr;
   uint64_t max_body_bytes = 64ULL << 20;  // of a whole answer (call())
   std::string user_agent;                 // sent when not empty
+  // More request headers; one named like a default (Content-Type) replaces it.
+  std::vector<std::pair<std::string, std::string>> headers;
+  // The reply keeps every header of the answer, not only those a client relays.
+  bool all_headers = false;
 };
 
 struct HttpReply {
   int status = 0;
   std::string body;
-  std::vector<std::pair<std::string, std::string>> headers;  // Retry-After, Allow, Content-Type
+  std::vector<std::pair<std::string, std::string>> headers;  // Retry-After, Allow, Content-Type (or all)
+  bool closed = false;                                       // the answer ended its connection (Connection: close)
   // The body as JSON, or a null json if it is not JSON.
   nlohmann::json json() const;
 };
@@ -53,6 +58,15 @@ Result<HttpReply> call(const std::string& endpoint, boost::beast::http::verb met
 Result<HttpReply> callStreaming(const std::string& endpoint, boost::beast::http::verb method, const std::string& target,
                                 const std::string& token, const std::string& body, const CallOptions& options,
                                 const std::function<bool(const char*, size_t)>& on_body);
+
+// As call(), but the request body, body_size bytes, comes from next_piece piece by piece (each call is given
+// the bytes produced so far; an empty piece ends the body early), so a large upload is never held whole. It
+// always goes on a new connection. A server that answers before the whole body (401, 413) and closes is still
+// heard: its answer is read after a failed send.
+Result<HttpReply> callUpload(const std::string& endpoint, boost::beast::http::verb method, const std::string& target,
+                             const std::string& token, uint64_t body_size,
+                             const std::function<std::string(uint64_t produced)>& next_piece,
+                             const CallOptions& options);
 
 // Reads the rest of an answer's body in pieces as they arrive, handing each non-empty one to `on_piece`. Stops
 // at the end (no error), on a transport error (returned), or when on_piece returns false (no error).

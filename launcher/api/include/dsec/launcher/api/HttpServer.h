@@ -228,8 +228,8 @@ class RequestHandler {
 };
 
 struct HttpServerOptions {
-  std::string listen = "127.0.0.1:0";
-  int max_connections = 1024;  // connection threads in all; more get 503
+  std::string listen = "127.0.0.1:0";  // "ADDR:PORT", "[V6]:PORT", ":PORT" (every interface); port 0: any free one
+  int max_connections = 1024;          // connection threads in all; more get 503
   // Connections one client may hold that have not yet carried a request with a valid token (0: the default,
   // min(64, max_connections / 2)); all clients together hold at most max_connections / 2 such connections. Over
   // either, a connection waits in the acceptor, without a thread, for a slot or for its head to show the token
@@ -301,8 +301,20 @@ class HttpServer {
   void startConnection(int fd, const std::string& client, double accepted_at, bool authenticated);
   void refuseForClient(int fd, const std::string& client);
   void releaseClientSlot(const std::string& client);
-  void serveConnection(int fd, ConnState& state);
   void reapFinished(bool all);
+
+  // One connection's thread (HttpConnection.cc): requests one after another while the connection keeps alive.
+  enum class Next { kServe, kClose, kLingerAndClose };  // what the connection does after a step
+  void serveConnection(int fd, ConnState& state);
+  ConnectionContext connectionContext(ConnState& state);
+  // Keep-alive: waits for the next request to start; false when the connection ends instead.
+  bool awaitNextRequest(SocketStream& stream, const boost::beast::flat_buffer& buffer, const ConnState& state) const;
+  // Reads a request head due by head_started + the head deadline; a late, oversized or malformed one is answered
+  // here (408, 400) and ends the connection.
+  Next readRequestHead(SocketStream& stream, boost::beast::flat_buffer& buffer,
+                       http::request_parser<http::empty_body>& parser, double head_started);
+  // Hands the exchange to the handler and answers for it if it did not.
+  Next runExchange(HttpExchange& exchange);
 
   struct ConnThread {
     std::thread thread;
@@ -333,8 +345,6 @@ class HttpServer {
   std::atomic<bool> stopped_{false};
 };
 
-// "127.0.0.1:8470", "[::1]:0", ":8470" (all interfaces) -> address and port.
-Result<std::pair<std::string, int>> parseListenAddress(const std::string& listen);
 // Maps a dsec error code to (HTTP status, API code).
 std::pair<int, std::string> httpStatusFor(ErrorCode code);
 

@@ -126,6 +126,14 @@ class Gateway : public RequestHandler {
   void dispatch(HttpExchange& ex, const TableMatch& m);
   void handleFleet(HttpExchange& ex, const TableMatch& m);
   void createSandbox(HttpExchange& ex);
+  // The steps of a create (GatewayCreate.cc).
+  std::vector<placement::NodeId> nodesWithoutDedicatedCores(double cpus);
+  // POST /v1/sandboxes on the node; a 404 for a session the node has not heard of creates the session there
+  // and tries once more.
+  Result<fleet::HttpReply> createOnNode(const NodeRef& ref, const std::string& body, const std::string& session);
+  // Why a failed or full node is passed over, for the 429 if no node takes the sandbox.
+  std::string whyNodeRefused(const NodeRef& ref, const Result<fleet::HttpReply>& reply);
+  void noteCreated(const std::string& node, double cpus);
   void forwardToSandbox(HttpExchange& ex, const std::string& sandbox_id);
   void listSandboxes(HttpExchange& ex);
   void handleSessions(HttpExchange& ex, const std::vector<std::string>& segs);

@@ -1,0 +1,126 @@
+// The gateway's creates: placed by the ClusterPlacer, tried on the chosen node, and placed again elsewhere while
+// nodes refuse or fail, up to max_place_attempts.
+#include <algorithm>
+#include <cmath>
+
+#include "GatewayInternal.h"
+#include "dsec/common/Logging.h"
+#include "dsec/launcher/api/Edge.h"
+#include "dsec/launcher/api/Requests.h"
+#include "dsec/launcher/fleet/Gateway.h"
+
+namespace dsec::launcher {
+namespace {
+
+using gateway_internal::kLog;
+using nlohmann::json;
+namespace http = boost::beast::http;
+
+constexpr int kCreateTimeoutMs = 300 * 1000;
+constexpr int kSessionPutTimeoutMs = 10 * 1000;
+
+// What the placer books for a create. Its backend views params' string: params must outlive it.
+placement::ClusterRequest placementRequest(const CreateParams& params) {
+  placement::ClusterRequest request;
+  request.cpus = params.cpus;
+  request.memory_bytes = params.memory_bytes;
+  request.backend = params.backend;
+  if (request.cpus <= 0 || request.memory_bytes <= 0) {  // unlimited: still one slot in the placer's books
+    request.cpus = std::max(request.cpus, 0.001);
+    request.memory_bytes = std::max<int64_t>(request.memory_bytes, 1);
+  }
+  return request;
+}
+
+}  // namespace
+
+std::vector<placement::NodeId> Gateway::nodesWithoutDedicatedCores(double cpus) {
+  // A latency sandbox needs ceil(cpus) dedicated cores: skip nodes whose last report had fewer free.
+  std::vector<placement::NodeId> short_of_cores;
+  std::lock_guard lock(mu_);
+  for (const auto& [name, n] : nodes_) {
+    if (n.free_dedicated_cores >= 0 && n.free_dedicated_cores < std::ceil(cpus - 1e-9)) short_of_cores.push_back(n.id);
+  }
+  return short_of_cores;
+}
+
+Result<fleet::HttpReply> Gateway::createOnNode(const NodeRef& ref, const std::string& body,
+                                               const std::string& session) {
+  auto reply = fleet::call(ref.endpoint, http::verb::post, "/v1/sandboxes", options_.token, body,
+                           callOptions(ref, kCreateTimeoutMs));
+  if (!reply.ok() || reply->status != 404 || session.empty()) return reply;
+  // A node that joined after the session was created does not know it yet: create it there, then retry.
+  std::string session_params;
+  {
+    std::lock_guard lock(mu_);
+    if (auto it = sessions_.find(session); it != sessions_.end()) session_params = it->second;
+  }
+  if (session_params.empty()) return reply;
+  auto put = fleet::call(ref.endpoint, http::verb::put, "/v1/sessions/" + session, options_.token, session_params,
+                         callOptions(ref, kSessionPutTimeoutMs));
+  if (!put.ok() || put->status != 200) return reply;
+  return fleet::call(ref.endpoint, http::verb::post, "/v1/sandboxes", options_.token, body,
+                     callOptions(ref, kCreateTimeoutMs));
+}
+
+std::string Gateway::whyNodeRefused(const NodeRef& ref, const Result<fleet::HttpReply>& reply) {
+  if (reply.ok()) return "node " + ref.name + " is full";
+  DSEC_LOG(kWarn, kLog) << "create on " << ref.name << " failed, placing again: " << reply.error().message();
+  watch_cv_.notify_all();  // the watcher probes it now rather than at its next round
+  return "node " + ref.name + ": " + reply.error().message();
+}
+
+void Gateway::noteCreated(const std::string& node, double cpus) {
+  std::lock_guard lock(mu_);
+  if (auto it = nodes_.find(node); it != nodes_.end()) {
+    Node& n = it->second;
+    // A running mean of the CPUs per sandbox, for the committed-CPU estimate between probes.
+    n.cpus_per_sandbox = (n.cpus_per_sandbox * 15 + cpus) / 16;
+    n.sandboxes++;
+  }
+}
+
+void Gateway::createSandbox(HttpExchange& ex) {
+  auto raw = readBodyOrAnswer(ex, kJsonBodyLimit);
+  if (!raw) return;
+  // The node's own validation and defaults (CreateParams): what fails here would fail on every node.
+  auto body = parseJsonObject(*raw);
+  if (!body.ok()) return sendError(ex, body.error());
+  auto params = parseCreateRequest(*body, /*node_memory_bytes=*/0);
+  if (!params.ok()) return sendError(ex, params.error());
+  const placement::ClusterRequest request = placementRequest(*params);
+  std::vector<placement::NodeId> exclude;
+  if (params->qos == backends::CpuQos::kLatency) exclude = nodesWithoutDedicatedCores(request.cpus);
+  std::string last_refusal;
+  for (int attempt = 0; attempt < options_.max_place_attempts; ++attempt) {
+    auto ticket = placer_.place(request, exclude);
+    if (!ticket.ok()) {
+      if (ticket.error().code() == ErrorCode::kInvalidArgument) {
+        return ex.sendError(400, "invalid_request", ticket.error().message());
+      }
+      last_refusal = ticket.error().message() + (last_refusal.empty() ? "" : " (" + last_refusal + ")");
+      break;
+    }
+    auto ref = nodeRef(placer_.name(ticket->node));
+    if (!ref) {  // the node left since the placer counted it
+      placer_.confirm(*ticket, false);
+      exclude.push_back(ticket->node);
+      continue;
+    }
+    auto reply = createOnNode(*ref, *raw, params->session);
+    if (!reply.ok() || reply->status == 429) {
+      placer_.confirm(*ticket, false);
+      exclude.push_back(ticket->node);
+      last_refusal = whyNodeRefused(*ref, reply);
+      continue;
+    }
+    placer_.confirm(*ticket, reply->status == 201);
+    if (reply->status == 201) noteCreated(ref->name, request.cpus);
+    return relayReply(ex, *reply);
+  }
+  std::string msg = "no node of fleet " + options_.fleet_name + " can take the sandbox now";
+  if (!last_refusal.empty()) msg += ": " + last_refusal;
+  ex.sendError(429, "capacity", msg, {{"Retry-After", "1"}}, json{{"retry_after", 1}});
+}
+
+}  // namespace dsec::launcher
