@@ -1,9 +1,11 @@
 // The node API's handlers (ApiServer.h) by what they act on: the node, a sandbox's lifecycle, sessions. Exec is
-// in ExecRoute.cc, files and tar in FileRoutes.cc, POST /v1/call in CallApi.cc.
+// in ExecRoute.cc, files and tar in FileRoutes.cc, POST /v1/call in CallApi.cc; the JSON of what the node core
+// reports comes from NodeJson.h.
 #include "dsec/launcher/api/ApiServer.h"
 
 #include "dsec/common/Logging.h"
 #include "dsec/common/Prometheus.h"
+#include "dsec/launcher/api/NodeJson.h"
 #include "dsec/launcher/api/Requests.h"
 
 namespace dsec::launcher {
@@ -39,7 +41,8 @@ void ApiServer::renderMetrics(std::string* out) {
 }
 
 json ApiServer::nodeInfo() {
-  json info = agent_->nodeInfo();
+  json info = toJson(agent_->nodeInfo());
+  if (NodeFncall* fncall = agent_->fncall()) info["fncall"] = fncallJson(*fncall);
   OutputBudget::Stats b = output_budget_.stats();
   info["output_budget"] = json{{"capacity_bytes", b.capacity}, {"used_bytes", b.used},   {"peak_bytes", b.peak},
                                {"responses", b.shares},        {"refusals", b.refusals}, {"too_large", b.too_large},
@@ -106,13 +109,13 @@ void ApiServer::dispatchNode(HttpExchange& ex, const RouteMatch& m) {
     case Op::kListLayers: {
       auto layers = agent_->layers();
       if (!layers.ok()) return sendError(ex, layers.error());
-      ex.sendJson(200, *layers);
+      ex.sendJson(200, layerListJson(*layers));
       return;
     }
     case Op::kListSandboxes: {
       auto want = parseLabelSelectors(m.query.all("label"));
       if (!want.ok()) return sendError(ex, want.error());
-      ex.sendJson(200, agent_->list(*want));
+      ex.sendJson(200, sandboxListJson(agent_->list(*want)));
       return;
     }
     case Op::kCreateSandbox:
@@ -130,7 +133,7 @@ void ApiServer::dispatchSandbox(HttpExchange& ex, const RouteMatch& m) {
     case Op::kGetSandbox: {
       auto info = agent_->info(id);
       if (!info.ok()) return sendError(ex, info.error());
-      ex.sendJson(200, *info);
+      ex.sendJson(200, toJson(*info));
       return;
     }
     case Op::kDestroySandbox: {
@@ -143,7 +146,7 @@ void ApiServer::dispatchSandbox(HttpExchange& ex, const RouteMatch& m) {
     case Op::kResume: {
       auto info = m.op == Op::kPause ? agent_->pause(id) : agent_->resume(id);
       if (!info.ok()) return sendError(ex, info.error());
-      ex.sendJson(200, *info);
+      ex.sendJson(200, toJson(*info));
       return;
     }
     case Op::kExec:
@@ -170,13 +173,18 @@ void ApiServer::dispatchSandbox(HttpExchange& ex, const RouteMatch& m) {
 void ApiServer::dispatchSession(HttpExchange& ex, const RouteMatch& m) {
   switch (m.op) {
     case Op::kListSessions:
-      ex.sendJson(200, agent_->listSessions());
+      ex.sendJson(200, sessionListJson(agent_->listSessions()));
       return;
-    case Op::kGetSession:
+    case Op::kGetSession: {
+      auto session = agent_->getSession(m.session);
+      if (!session.ok()) return sendError(ex, session.error());
+      ex.sendJson(200, toJson(*session));
+      return;
+    }
     case Op::kDeleteSession: {
-      auto r = m.op == Op::kGetSession ? agent_->getSession(m.session) : agent_->deleteSession(m.session);
-      if (!r.ok()) return sendError(ex, r.error());
-      ex.sendJson(200, *r);
+      auto deleted = agent_->deleteSession(m.session);
+      if (!deleted.ok()) return sendError(ex, deleted.error());
+      ex.sendJson(200, toJson(*deleted));
       return;
     }
     case Op::kPutSession:
@@ -187,9 +195,14 @@ void ApiServer::dispatchSession(HttpExchange& ex, const RouteMatch& m) {
       bool put = m.op == Op::kPutSession;
       auto settings = parseSessionSettings(*body, /*allow_retention=*/put);
       if (!settings.ok()) return sendError(ex, settings.error());
-      auto r = put ? agent_->putSession(m.session, *settings) : agent_->attachSession(m.session, settings->lease);
-      if (!r.ok()) return sendError(ex, r.error());
-      ex.sendJson(200, *r);
+      if (put) {
+        auto session = agent_->putSession(m.session, *settings);
+        if (!session.ok()) return sendError(ex, session.error());
+        return ex.sendJson(200, toJson(*session));
+      }
+      auto attached = agent_->attachSession(m.session, settings->lease);
+      if (!attached.ok()) return sendError(ex, attached.error());
+      ex.sendJson(200, toJson(*attached));
       return;
     }
     default:
@@ -207,7 +220,7 @@ void ApiServer::createSandbox(HttpExchange& ex) {
   }
   auto info = agent_->create(*params);
   if (!info.ok()) return sendError(ex, info.error());
-  ex.sendJson(201, *info);
+  ex.sendJson(201, toJson(*info));
 }
 
 }  // namespace dsec::launcher

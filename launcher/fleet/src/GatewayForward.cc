@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "GatewayInternal.h"
+#include "dsec/backends/BackendKind.h"
 #include "dsec/common/Logging.h"
 #include "dsec/common/Strings.h"
 #include "dsec/launcher/api/Edge.h"
@@ -80,7 +81,7 @@ void Gateway::createSandbox(HttpExchange& ex) {
   placement::ClusterRequest request;
   request.cpus = params->cpus;
   request.memory_bytes = params->memory_bytes;
-  request.backend = params->backend;
+  request.backend = backends::backendKindName(params->backend);
   const std::string& session = params->session;
   if (request.cpus <= 0 || request.memory_bytes <= 0) {  // unlimited: still one slot in the placer's books
     request.cpus = std::max(request.cpus, 0.001);
