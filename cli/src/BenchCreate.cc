@@ -7,6 +7,7 @@
 #include <mutex>
 
 #include "BenchSupport.h"
+#include "dsec/backends/BackendKind.h"
 #include "dsec/common/Strings.h"
 
 namespace dsec::cli {
@@ -55,8 +56,10 @@ int benchCreate(const Invocation& inv) {
   po::options_description desc("options");
   addCommonOptions(desc, &common, true);
   addBenchTargetOptions(desc);
-  desc.add_options()("backend", po::value<std::string>()->default_value("container"), "sandbox backend")(
-      "count", po::value<int>()->default_value(100), "sandboxes to create")(
+  desc.add_options()(
+      "backend",
+      po::value<std::string>()->default_value(dsec::backends::backendKindName(dsec::backends::BackendKind::kContainer)),
+      "sandbox backend")("count", po::value<int>()->default_value(100), "sandboxes to create")(
       "concurrency", po::value<int>()->default_value(8), "client threads, one connection each");
   po::variables_map vm;
   if (!parseCommandLine(inv, inv.args, desc, {}, "--backend container --count N --concurrency C [--image IMAGE]", &vm,

@@ -13,6 +13,7 @@
 #include "ClientCommon.h"
 #include "Commands.h"
 #include "StreamExec.h"
+#include "dsec/backends/BackendKind.h"
 
 namespace dsec::cli {
 
@@ -59,9 +60,10 @@ int cmdRun(const Invocation& inv) {
   po::options_description desc("options");
   addCommonOptions(desc, &common, true);
   desc.add_options()("image", po::value<std::string>()->required(), "image: layers bottom first, 'debian:12+py:1'")(
-      "backend", po::value<std::string>()->default_value("container"), "sandbox backend")(
-      "cpus", po::value<double>(), "CPU quota in CPUs (default 1)")("memory", po::value<std::string>(),
-                                                                    "memory limit, e.g. 512M (default 512M)")(
+      "backend",
+      po::value<std::string>()->default_value(dsec::backends::backendKindName(dsec::backends::BackendKind::kContainer)),
+      "sandbox backend")("cpus", po::value<double>(), "CPU quota in CPUs (default 1)")(
+      "memory", po::value<std::string>(), "memory limit, e.g. 512M (default 512M)")(
       "disk", po::value<std::string>(), "writable layer size, e.g. 1G (default 1G)")(
       "pids", po::value<int64_t>(), "process limit (default 1024)")("timeout", po::value<double>(),
                                                                     "destroy after this many seconds (0 = never)")(

@@ -1,5 +1,6 @@
 #include "SpankConfig.h"
 
+#include "dsec/backends/BackendKind.h"
 #include "dsec/common/Strings.h"
 #include "dsec/fs3/LayerRef.h"
 
@@ -9,7 +10,8 @@ namespace {
 constexpr const char* kKnownArgs = "root, backend, cgroup_parent, init, network, disk";
 
 Status checkBackend(std::string_view value) {
-  if (value == "container") return okStatus();
+  auto kind = backends::parseBackendKind(value);
+  if (kind.ok() && *kind == backends::BackendKind::kContainer) return okStatus();
   return Error::invalid("unknown backend '" + std::string(value) + "' (supported: container)");
 }
 

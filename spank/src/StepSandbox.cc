@@ -8,6 +8,7 @@
 #include <cerrno>
 
 #include "BindMounts.h"
+#include "dsec/backends/BackendKind.h"
 #include "dsec/backends/container/ContainerBackend.h"
 #include "dsec/common/Cgroup.h"
 #include "dsec/common/Fd.h"
@@ -111,7 +112,10 @@ Result<std::unique_ptr<StepSandbox>> StepSandbox::create(const PluginArgs& args,
                                                          const StepIdentity& step, const JobCredentials& job,
                                                          int64_t alloc_memory_bytes,
                                                          const std::vector<MountSpec>& extra_mounts) {
-  if (options.backend != "container") return Error::invalid("unknown backend " + options.backend);
+  auto kind = backends::parseBackendKind(options.backend);
+  if (!kind.ok() || *kind != backends::BackendKind::kContainer) {
+    return Error::invalid("unknown backend " + options.backend);
+  }
   auto layers = fs3::parseImageRef(options.image);
   if (!layers.ok()) return layers.error();
   std::unique_ptr<StepSandbox> out(new StepSandbox());

@@ -29,7 +29,7 @@ TEST(CreateRequest, DefaultsFromImageOnly) {
   EXPECT_EQ(r->image, "debian:12+python:3.11");
   ASSERT_EQ(r->layers.size(), 2u);
   EXPECT_EQ(r->layers[1].name, "python");
-  EXPECT_EQ(r->backend, "container");
+  EXPECT_EQ(r->backend, backends::BackendKind::kContainer);
   EXPECT_EQ(r->cpus, 1);
   EXPECT_EQ(r->memory_bytes, 512LL << 20);
   EXPECT_EQ(r->disk_bytes, 1LL << 30);

@@ -9,6 +9,7 @@
 
 #include "ApiFixture.h"
 #include "dsec/common/Strings.h"
+#include "dsec/launcher/api/NodeJson.h"
 #include "dsec/launcher/api/Requests.h"
 #include "dsec/launcher/api/Router.h"
 #include "dsec/launcher/node/NodeAgent.h"
@@ -109,8 +110,8 @@ TEST(SessionTableTest, LeaseLapseRetentionAndPersistence) {
   auto s = table.put("run-1", {.lease = 10, .retention = 30}, t);
   ASSERT_OK(s);
   EXPECT_EQ(s->expires_unix, 1010);
-  EXPECT_EQ(s->toJson()["state"], "active");
-  EXPECT_TRUE(s->toJson()["lapsed_unix"].is_null());
+  EXPECT_EQ(launcher::toJson(*s)["state"], "active");
+  EXPECT_TRUE(launcher::toJson(*s)["lapsed_unix"].is_null());
   ASSERT_OK(table.addSandbox("run-1", "n0-a"));
   ASSERT_OK(table.addSandbox("run-1", "n0-b"));
   ASSERT_ERROR(table.addSandbox("nope", "n0-c"), ErrorCode::kNotFound);

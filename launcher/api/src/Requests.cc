@@ -2,9 +2,11 @@
 
 #include <cctype>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <set>
 
+#include "dsec/backends/BackendKind.h"
 #include "dsec/common/Base64.h"
 #include "dsec/common/Strings.h"
 #include "dsec/launcher/node/Sessions.h"
@@ -161,6 +163,88 @@ Result<std::map<std::string, std::string>> parseLabelsField(const json& v) {
   return out;
 }
 
+namespace {
+
+Status parseCreateBackend(const json& body, CreateParams* p) {
+  if (!body.contains("backend")) return okStatus();
+  DSEC_ASSIGN_OR_RETURN(std::string name, parseStringField(body["backend"], "backend"));
+  auto kind = backends::parseBackendKind(name);
+  if (!kind.ok()) return fieldError("backend", kind.error().message());
+  if (*kind != backends::BackendKind::kContainer) {
+    return Error(ErrorCode::kUnsupported, "backend " + name + " is not available on this node yet");
+  }
+  p->backend = *kind;
+  return okStatus();
+}
+
+Status parseCreateLimits(const json& body, int64_t node_memory_bytes, CreateParams* p) {
+  if (body.contains("cpus")) {
+    DSEC_ASSIGN_OR_RETURN(p->cpus, numberField(body["cpus"], "cpus"));
+    if (p->cpus < 0) return fieldError("cpus", "must not be negative");
+    if (p->cpus > kMaxCpus) return fieldError("cpus", "more than " + std::to_string(int(kMaxCpus)));
+  }
+  if (body.contains("memory")) {
+    DSEC_ASSIGN_OR_RETURN(p->memory_bytes, parseSizeField(body["memory"], "memory"));
+    if (p->memory_bytes != 0 && p->memory_bytes < kMinMemoryBytes) {
+      return fieldError("memory", "at least 4M is needed, got " + std::to_string(p->memory_bytes) + " bytes");
+    }
+    if (node_memory_bytes > 0 && p->memory_bytes > node_memory_bytes) {
+      return fieldError("memory", std::to_string(p->memory_bytes) + " bytes is more than this node's memory (" +
+                                      std::to_string(node_memory_bytes) + " bytes)");
+    }
+  }
+  if (body.contains("disk")) {
+    DSEC_ASSIGN_OR_RETURN(p->disk_bytes, parseSizeField(body["disk"], "disk"));
+    if (p->disk_bytes != 0 && p->disk_bytes < kMinDiskBytes) {
+      return fieldError("disk", "at least 1M is needed, got " + std::to_string(p->disk_bytes) + " bytes");
+    }
+  }
+  if (body.contains("pids")) {
+    DSEC_ASSIGN_OR_RETURN(p->pids, integerField(body["pids"], "pids"));
+    if (p->pids < 0) return fieldError("pids", "must not be negative");
+    if (p->pids != 0 && p->pids < kMinPids) return fieldError("pids", "at least 8 (or 0 for no limit)");
+    if (p->pids > (1 << 22)) return fieldError("pids", "more than the kernel's pid limit");
+  }
+  return okStatus();
+}
+
+Status parseCreateNetwork(const json& body, CreateParams* p) {
+  if (!body.contains("network")) return okStatus();
+  DSEC_ASSIGN_OR_RETURN(std::string net, parseStringField(body["network"], "network"));
+  if (net == "none") {
+    p->network = backends::NetworkMode::kNone;
+  } else if (net == "egress") {
+    p->network = backends::NetworkMode::kEgress;
+  } else if (net == "host") {
+    return fieldError("network",
+                      "\"host\" is not offered: a sandbox never shares the node's network (its root "
+                      "could sniff and spoof the node's traffic); use \"egress\" for a route out");
+  } else {
+    return fieldError("network", "expected \"none\" or \"egress\", got \"" + net + "\"");
+  }
+  return okStatus();
+}
+
+Status parseCreateQos(const json& body, CreateParams* p) {
+  if (body.contains("qos")) {
+    DSEC_ASSIGN_OR_RETURN(std::string qos, parseStringField(body["qos"], "qos"));
+    if (qos == "batch") {
+      p->qos = backends::CpuQos::kBatch;
+    } else if (qos == "latency") {
+      p->qos = backends::CpuQos::kLatency;
+    } else {
+      return fieldError("qos", "expected \"latency\" or \"batch\", got \"" + qos + "\"");
+    }
+  }
+  // Latency sandboxes get ceil(cpus) dedicated cores: "unlimited" has no core count.
+  if (p->qos == backends::CpuQos::kLatency && !(p->cpus > 0)) {
+    return fieldError("qos", "\"latency\" needs cpus > 0 (the cores to dedicate)");
+  }
+  return okStatus();
+}
+
+}  // namespace
+
 Result<CreateParams> parseCreateRequest(const json& body, int64_t node_memory_bytes) {
   if (!body.is_object()) return Error::invalid("request body must be a JSON object");
   DSEC_TRY(checkKnownKeys(body, {"image", "backend", "cpus", "memory", "disk", "pids", "timeout", "idle_timeout", "env",
@@ -173,42 +257,8 @@ Result<CreateParams> parseCreateRequest(const json& body, int64_t node_memory_by
   p.layers = std::move(*layers);
   p.image = fs3::imageToString(p.layers);
 
-  if (body.contains("backend")) {
-    DSEC_ASSIGN_OR_RETURN(p.backend, parseStringField(body["backend"], "backend"));
-    if (p.backend == "fncall" || p.backend == "microvm" || p.backend == "vm") {
-      return Error(ErrorCode::kUnsupported, "backend " + p.backend + " is not available on this node yet");
-    }
-    if (p.backend != "container") {
-      return fieldError("backend", "unknown backend '" + p.backend + "' (known: container, fncall, microvm, vm)");
-    }
-  }
-  if (body.contains("cpus")) {
-    DSEC_ASSIGN_OR_RETURN(p.cpus, numberField(body["cpus"], "cpus"));
-    if (p.cpus < 0) return fieldError("cpus", "must not be negative");
-    if (p.cpus > kMaxCpus) return fieldError("cpus", "more than " + std::to_string(int(kMaxCpus)));
-  }
-  if (body.contains("memory")) {
-    DSEC_ASSIGN_OR_RETURN(p.memory_bytes, parseSizeField(body["memory"], "memory"));
-    if (p.memory_bytes != 0 && p.memory_bytes < kMinMemoryBytes) {
-      return fieldError("memory", "at least 4M is needed, got " + std::to_string(p.memory_bytes) + " bytes");
-    }
-    if (node_memory_bytes > 0 && p.memory_bytes > node_memory_bytes) {
-      return fieldError("memory", std::to_string(p.memory_bytes) + " bytes is more than this node's memory (" +
-                                      std::to_string(node_memory_bytes) + " bytes)");
-    }
-  }
-  if (body.contains("disk")) {
-    DSEC_ASSIGN_OR_RETURN(p.disk_bytes, parseSizeField(body["disk"], "disk"));
-    if (p.disk_bytes != 0 && p.disk_bytes < kMinDiskBytes) {
-      return fieldError("disk", "at least 1M is needed, got " + std::to_string(p.disk_bytes) + " bytes");
-    }
-  }
-  if (body.contains("pids")) {
-    DSEC_ASSIGN_OR_RETURN(p.pids, integerField(body["pids"], "pids"));
-    if (p.pids < 0) return fieldError("pids", "must not be negative");
-    if (p.pids != 0 && p.pids < kMinPids) return fieldError("pids", "at least 8 (or 0 for no limit)");
-    if (p.pids > (1 << 22)) return fieldError("pids", "more than the kernel's pid limit");
-  }
+  DSEC_TRY(parseCreateBackend(body, &p));
+  DSEC_TRY(parseCreateLimits(body, node_memory_bytes, &p));
   if (body.contains("timeout")) {
     DSEC_ASSIGN_OR_RETURN(p.timeout, parseDurationField(body["timeout"], "timeout"));
   }
@@ -221,39 +271,43 @@ Result<CreateParams> parseCreateRequest(const json& body, int64_t node_memory_by
   if (body.contains("labels")) {
     DSEC_ASSIGN_OR_RETURN(p.labels, parseLabelsField(body["labels"]));
   }
-  if (body.contains("network")) {
-    DSEC_ASSIGN_OR_RETURN(std::string net, parseStringField(body["network"], "network"));
-    if (net == "none") {
-      p.network = backends::NetworkMode::kNone;
-    } else if (net == "egress") {
-      p.network = backends::NetworkMode::kEgress;
-    } else if (net == "host") {
-      return fieldError("network",
-                        "\"host\" is not offered: a sandbox never shares the node's network (its root "
-                        "could sniff and spoof the node's traffic); use \"egress\" for a route out");
-    } else {
-      return fieldError("network", "expected \"none\" or \"egress\", got \"" + net + "\"");
-    }
-  }
-  if (body.contains("qos")) {
-    DSEC_ASSIGN_OR_RETURN(std::string qos, parseStringField(body["qos"], "qos"));
-    if (qos == "batch") {
-      p.qos = backends::CpuQos::kBatch;
-    } else if (qos == "latency") {
-      p.qos = backends::CpuQos::kLatency;
-    } else {
-      return fieldError("qos", "expected \"latency\" or \"batch\", got \"" + qos + "\"");
-    }
-  }
-  // Latency sandboxes get ceil(cpus) dedicated cores: "unlimited" has no core count.
-  if (p.qos == backends::CpuQos::kLatency && !(p.cpus > 0)) {
-    return fieldError("qos", "\"latency\" needs cpus > 0 (the cores to dedicate)");
-  }
+  DSEC_TRY(parseCreateNetwork(body, &p));
+  DSEC_TRY(parseCreateQos(body, &p));
   if (body.contains("session") && !body["session"].is_null()) {
     DSEC_ASSIGN_OR_RETURN(p.session, parseStringField(body["session"], "session"));
     if (auto st = validateSessionName(p.session); !st.ok()) return fieldError("session", st.error().message());
   }
   return p;
+}
+
+namespace {
+
+Result<double> sessionSecondsField(const json& v, const std::string& field, double min, double max) {
+  if (!v.is_number()) return Error::invalid("field '" + field + "': expected a number of seconds, got " + v.dump());
+  double d = v.get<double>();
+  if (!std::isfinite(d) || d < min || d > max) {
+    char buf[128];
+    std::snprintf(buf, sizeof(buf), "must be between %g and %g seconds, got ", min, max);
+    return Error::invalid("field '" + field + "': " + buf + v.dump());
+  }
+  return d;
+}
+
+}  // namespace
+
+Result<SessionSettings> parseSessionSettings(const json& body, bool allow_retention) {
+  if (!body.is_object()) return Error::invalid("request body must be a JSON object");
+  SessionSettings s;
+  for (const auto& [key, value] : body.items()) {
+    if (key == "lease") {
+      DSEC_ASSIGN_OR_RETURN(s.lease, sessionSecondsField(value, "lease", kMinSessionLease, kMaxSessionLease));
+    } else if (key == "retention" && allow_retention) {
+      DSEC_ASSIGN_OR_RETURN(s.retention, sessionSecondsField(value, "retention", 0, kMaxSessionRetention));
+    } else {
+      return Error::invalid("unknown field '" + key + "'" + (allow_retention ? "" : " (attach takes only 'lease')"));
+    }
+  }
+  return s;
 }
 
 Result<std::string> parseStdinFields(const nlohmann::json& body) {

@@ -9,6 +9,7 @@
 #include <limits>
 #include <optional>
 
+#include "dsec/backends/BackendKind.h"
 #include "dsec/common/Logging.h"
 #include "dsec/common/Strings.h"
 #include "dsec/launcher/fleet/Fleet.h"
@@ -152,7 +153,7 @@ void NodeRegistrar::stop() {
 }
 
 json NodeRegistrar::registration(bool draining) {
-  json backends = json::array({"container"});
+  json backends = json::array({dsec::backends::backendKindName(dsec::backends::BackendKind::kContainer)});
   CallOptions o;
   o.connect_timeout_ms = 1000;
   o.io_timeout_ms = 2000;

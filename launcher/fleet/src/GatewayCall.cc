@@ -3,6 +3,7 @@
 // for the next, and only when every node refused does the client get the (last) capacity error.
 #include <algorithm>
 
+#include "dsec/backends/BackendKind.h"
 #include "dsec/common/Logging.h"
 #include "dsec/launcher/api/CallRequests.h"
 #include "dsec/launcher/api/Edge.h"
@@ -27,7 +28,8 @@ void Gateway::forwardCall(HttpExchange& ex) {
     for (const auto& [name, n] : nodes_) {
       if (n.state == NodeState::kLost) continue;
       ++live;
-      bool offers = std::find(n.spec.backends.begin(), n.spec.backends.end(), "fncall") != n.spec.backends.end();
+      const char* fncall = backends::backendKindName(backends::BackendKind::kFncall);
+      bool offers = std::find(n.spec.backends.begin(), n.spec.backends.end(), fncall) != n.spec.backends.end();
       if (offers && n.state == NodeState::kHealthy) {
         nodes.push_back(NodeRef{n.spec.name, n.spec.endpoint, n.state, n.last_seen, n.abort_fd});
       }

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "GatewayInternal.h"
+#include "dsec/backends/BackendKind.h"
 #include "dsec/common/Logging.h"
 #include "dsec/launcher/api/Edge.h"
 #include "dsec/launcher/api/Requests.h"
@@ -19,12 +20,12 @@ namespace http = boost::beast::http;
 constexpr int kCreateTimeoutMs = 300 * 1000;
 constexpr int kSessionPutTimeoutMs = 10 * 1000;
 
-// What the placer books for a create. Its backend views params' string: params must outlive it.
+// What the placer books for a create.
 placement::ClusterRequest placementRequest(const CreateParams& params) {
   placement::ClusterRequest request;
   request.cpus = params.cpus;
   request.memory_bytes = params.memory_bytes;
-  request.backend = params.backend;
+  request.backend = backends::backendKindName(params.backend);
   if (request.cpus <= 0 || request.memory_bytes <= 0) {  // unlimited: still one slot in the placer's books
     request.cpus = std::max(request.cpus, 0.001);
     request.memory_bytes = std::max<int64_t>(request.memory_bytes, 1);

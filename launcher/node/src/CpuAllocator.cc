@@ -176,29 +176,25 @@ CpuBooking CpuAllocator::bookingOf(const std::string& id) const {
   return {placed->cpuset, placed->mems};
 }
 
-void CpuAllocator::annotate(const std::string& id, backends::CpuQos qos, nlohmann::json* out) const {
-  (*out)["qos"] = backends::cpuQosName(qos);
-  CpuBooking booking = bookingOf(id);
-  // null: the whole node (no exclusive pool, or QoS off)
-  (*out)["cpuset"] = booking.cpuset.empty() ? nlohmann::json(nullptr) : nlohmann::json(booking.cpuset);
-  (*out)["cpuset_mems"] = booking.mems.empty() ? nlohmann::json(nullptr) : nlohmann::json(booking.mems);
-}
-
-nlohmann::json CpuAllocator::nodeJson() const {
-  if (!placer_) return {{"enabled", false}, {"reason", disabled_reason_}, {"free_dedicated_cores", 0}};
+CpuQosNodeInfo CpuAllocator::nodeInfo() const {
+  CpuQosNodeInfo info;
+  if (!placer_) {
+    info.disabled_reason = disabled_reason_;
+    return info;
+  }
   auto usage = placer_->usage();
   const auto& model = placer_->model();
+  info.enabled = true;
+  info.exclusive_pool = binder_ != nullptr;
+  info.cores = static_cast<int>(model.cores().size());
+  info.numa_domains = static_cast<int>(model.numaDomains().size());
+  info.dedicated_cores = usage.dedicated_cores;
   // What one more latency sandbox could get at most: the free cores above the pool's minimum.
-  int free_dedicated = std::max(0, usage.shared_cores - 1);
-  return {{"enabled", true},
-          {"exclusive_pool", binder_ != nullptr},
-          {"cores", static_cast<int>(model.cores().size())},
-          {"numa_domains", static_cast<int>(model.numaDomains().size())},
-          {"dedicated_cores", usage.dedicated_cores},
-          {"free_dedicated_cores", free_dedicated},
-          {"shared_cpuset", placer_->sharedCpuset()},
-          {"latency_sandboxes", usage.latency_sandboxes},
-          {"batch_sandboxes", usage.batch_sandboxes}};
+  info.free_dedicated_cores = std::max(0, usage.shared_cores - 1);
+  info.shared_cpuset = placer_->sharedCpuset();
+  info.latency_sandboxes = usage.latency_sandboxes;
+  info.batch_sandboxes = usage.batch_sandboxes;
+  return info;
 }
 
 }  // namespace dsec::launcher

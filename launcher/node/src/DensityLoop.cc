@@ -14,7 +14,6 @@
 namespace dsec::launcher {
 namespace {
 
-using nlohmann::json;
 using placement::DensityActionKind;
 
 constexpr const char* kLog = "density";
@@ -25,6 +24,15 @@ constexpr size_t kMaxLastActions = 32;  // on /v1/node
 constexpr size_t kStatsPerTick = 256;
 
 double round2(double v) { return std::round(v * 100) / 100; }
+
+SandboxEvent densityEvent(const std::string& action, const std::string& reason, double now_wall) {
+  SandboxEvent event;
+  event.kind = SandboxEvent::Kind::kDensityAction;
+  event.unix_seconds = now_wall;
+  event.density_action = action;
+  event.reason = reason;
+  return event;
+}
 
 }  // namespace
 
@@ -224,13 +232,13 @@ void DensityLoop::reportOomKill(const std::string& id, int64_t kills) {
   int64_t limit = rec ? rec->params.memory_bytes : 0;
   DSEC_LOG(kWarn, kLog) << "sandbox " << id << " had a process OOM-killed (" << kills << " in total, limit "
                         << formatBytes(limit) << ")";
-  addEvent(
-      id, json{{"type", "oom_kill"},
-               {"unix", now_wall},
-               {"time", rfc3339(now_wall)},
-               {"oom_kills", kills},
-               {"message", "a process was killed by the kernel's OOM killer: the sandbox reached its memory limit of " +
-                               std::to_string(limit) + " bytes"}});
+  SandboxEvent event;
+  event.kind = SandboxEvent::Kind::kOomKill;
+  event.unix_seconds = now_wall;
+  event.oom_kills = kills;
+  event.message = "a process was killed by the kernel's OOM killer: the sandbox reached its memory limit of " +
+                  std::to_string(limit) + " bytes";
+  addEvent(id, std::move(event));
   std::lock_guard lock(mu_);
   ++oom_events_total_;
 }
@@ -309,8 +317,7 @@ void DensityLoop::execute(const placement::DensityAction& a, const std::shared_p
       per.resumed_unix = now_wall;
     }
   }
-  addEvent(rec->id,
-           json{{"type", "density_" + name}, {"unix", now_wall}, {"time", rfc3339(now_wall)}, {"reason", a.reason}});
+  addEvent(rec->id, densityEvent(name, a.reason, now_wall));
   logAction(a);
 }
 
@@ -319,37 +326,30 @@ void DensityLoop::logAction(const placement::DensityAction& a) {
   std::lock_guard lock(mu_);
   const std::string name = placement::densityActionName(a.kind);
   ++actions_total_[name];
-  last_actions_.push_back(json{{"seq", ++action_seq_},
-                               {"action", name},
-                               {"sandbox", a.sandbox_id.empty() ? json(nullptr) : json(a.sandbox_id)},
-                               {"unix", now_wall},
-                               {"reason", a.reason}});
+  last_actions_.push_back(DensityActionRecord{++action_seq_, name, a.sandbox_id, now_wall, a.reason});
   while (last_actions_.size() > kMaxLastActions) last_actions_.pop_front();
 }
 
-void DensityLoop::addEvent(const std::string& id, json event) {
+void DensityLoop::addEvent(const std::string& id, SandboxEvent event) {
   std::lock_guard lock(mu_);
   auto& events = per_sandbox_[id].events;
   events.push_back(std::move(event));
   while (events.size() > kMaxEvents) events.pop_front();
 }
 
-void DensityLoop::annotate(SandboxRecord& rec, json* info) {
+SandboxDensity DensityLoop::sandboxDensity(const std::string& id) {
   std::lock_guard lock(mu_);
-  auto it = per_sandbox_.find(rec.id);
-  json d = {{"reclaimed_unix", nullptr}, {"reclaims", 0}, {"paused_unix", nullptr}, {"pauses", 0}};
-  json events = json::array();
-  if (it != per_sandbox_.end()) {
-    const PerSandbox& p = it->second;
-    if (p.reclaimed_unix > 0) d["reclaimed_unix"] = p.reclaimed_unix;
-    d["reclaims"] = p.reclaims;
-    if (p.paused_unix > 0) d["paused_unix"] = p.paused_unix;
-    d["pauses"] = p.pauses;
-    if (p.resumed_unix > 0) d["resumed_unix"] = p.resumed_unix;
-    for (const auto& e : p.events) events.push_back(e);
-  }
-  (*info)["density"] = std::move(d);
-  (*info)["events"] = std::move(events);
+  SandboxDensity d;
+  auto it = per_sandbox_.find(id);
+  if (it == per_sandbox_.end()) return d;
+  const PerSandbox& p = it->second;
+  if (p.reclaimed_unix > 0) d.reclaimed_unix = p.reclaimed_unix;
+  d.reclaims = p.reclaims;
+  if (p.paused_unix > 0) d.paused_unix = p.paused_unix;
+  d.pauses = p.pauses;
+  if (p.resumed_unix > 0) d.resumed_unix = p.resumed_unix;
+  d.events.assign(p.events.begin(), p.events.end());
+  return d;
 }
 
 void DensityLoop::forget(const std::string& id) {
@@ -357,45 +357,37 @@ void DensityLoop::forget(const std::string& id) {
   per_sandbox_.erase(id);
 }
 
-json DensityLoop::nodeJson() {
+DensityNodeInfo DensityLoop::nodeInfo() {
   std::lock_guard lock(mu_);
   const placement::NodeSample& s = last_sample_;
-  int64_t paused = 0;
-  json actions_total = json::object();
+  DensityNodeInfo info;
   for (const char* a : {"reclaim", "stop_admitting", "pause", "resume", "reopen_admission"}) {
     auto it = actions_total_.find(a);
-    actions_total[a] = it == actions_total_.end() ? 0 : it->second;
+    info.actions_total[a] = it == actions_total_.end() ? 0 : it->second;
   }
-  paused = static_cast<int64_t>(actions_total["pause"].get<uint64_t>()) -
-           static_cast<int64_t>(actions_total["resume"].get<uint64_t>());
-  json last = json::array();
-  for (const auto& a : last_actions_) last.push_back(a);
-  return json{
-      {"mode", config_.overcommit ? "overcommit" : "static"},
-      {"memory_ratio", round2(decision_.memory_ratio)},
-      {"cpu_ratio", round2(decision_.cpu_ratio)},
-      {"admitting", decision_.admitting},
-      {"level", placement::pressureLevelName(decision_.level)},
-      {"reason", decision_.reason},
-      {"memory_capacity_bytes", capacity_},
-      {"memory_used_bytes", s.memory_used_bytes},
-      {"memory_committed_bytes", s.memory_committed_bytes},
-      {"memory_admissible_bytes", static_cast<int64_t>(decision_.memory_ratio * static_cast<double>(capacity_))},
-      {"cpus", cpus_},
-      {"cpu_committed", round2(s.cpu_committed)},
-      {"cpu_used", round2(s.cpu_used)},
-      {"pressure",
-       {{"source", psi_source_},
-        {"per_cgroup", paths_.psi_per_cgroup && psi_source_ == paths_.memory_psi},
-        {"available", s.psi_available},
-        {"memory_some_avg10", s.memory_some_avg10},
-        {"memory_full_avg10", s.memory_full_avg10},
-        {"cpu_some_avg10", s.cpu_some_avg10}}},
-      {"oom_kills", s.oom_kills},
-      {"paused_sandboxes", std::max<int64_t>(0, paused)},
-      {"refusals", refusals_total_},
-      {"actions_total", actions_total},
-      {"last_actions", last}};
+  int64_t paused =
+      static_cast<int64_t>(info.actions_total["pause"]) - static_cast<int64_t>(info.actions_total["resume"]);
+  info.overcommit = config_.overcommit;
+  info.memory_ratio = round2(decision_.memory_ratio);
+  info.cpu_ratio = round2(decision_.cpu_ratio);
+  info.admitting = decision_.admitting;
+  info.level = decision_.level;
+  info.reason = decision_.reason;
+  info.memory_capacity_bytes = capacity_;
+  info.memory_used_bytes = s.memory_used_bytes;
+  info.memory_committed_bytes = s.memory_committed_bytes;
+  info.memory_admissible_bytes = static_cast<int64_t>(decision_.memory_ratio * static_cast<double>(capacity_));
+  info.cpus = cpus_;
+  info.cpu_committed = round2(s.cpu_committed);
+  info.cpu_used = round2(s.cpu_used);
+  info.pressure = {psi_source_,         paths_.psi_per_cgroup && psi_source_ == paths_.memory_psi,
+                   s.psi_available,     s.memory_some_avg10,
+                   s.memory_full_avg10, s.cpu_some_avg10};
+  info.oom_kills = s.oom_kills;
+  info.paused_sandboxes = std::max<int64_t>(0, paused);
+  info.refusals = refusals_total_;
+  info.last_actions.assign(last_actions_.begin(), last_actions_.end());
+  return info;
 }
 
 void DensityLoop::renderMetrics(std::string* out) {

@@ -18,27 +18,7 @@
 namespace dsec::launcher {
 namespace {
 
-using nlohmann::json;
-
 constexpr const char* kLog = "node";
-
-// The create parameters as the API shows them in a sandbox's info. The record on disk spells them alike in its
-// own code (StateRecord.cc), so that renaming a field here changes nothing a restarted node reads.
-json sandboxParamsJson(const CreateParams& p) {
-  return json{{"image", p.image},
-              {"backend", p.backend},
-              {"cpus", p.cpus},
-              {"memory", p.memory_bytes},
-              {"disk", p.disk_bytes},
-              {"pids", p.pids},
-              {"timeout", p.timeout},
-              {"idle_timeout", p.idle_timeout},
-              {"network", backends::networkModeName(p.network)},
-              {"env", p.env},
-              {"labels", p.labels},
-              {"session", p.session.empty() ? json(nullptr) : json(p.session)},
-              {"qos", backends::cpuQosName(p.qos)}};
-}
 
 int64_t physicalMemory() {
   long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
@@ -244,44 +224,69 @@ backends::SandboxSpec NodeAgent::sandboxSpec(const SandboxRecord& rec, const Cpu
   return spec;
 }
 
-Result<json> NodeAgent::create(const CreateParams& params) {
+Status NodeAgent::reserveCreateSlot() {
+  if (!backend_ || !unavailable_reason_.empty()) return Error(ErrorCode::kUnsupported, unavailable_reason_);
+  std::lock_guard lock(mu_);
+  if (static_cast<int64_t>(sandboxes_.size()) + pending_creates_ >= options_.max_sandboxes) {
+    return Error(ErrorCode::kResourceExhausted,
+                 "node " + options_.node_name + " is full (" + std::to_string(options_.max_sandboxes) + " sandboxes)");
+  }
+  ++pending_creates_;
+  return okStatus();
+}
+
+void NodeAgent::releaseCreateSlot() {
+  std::lock_guard lock(mu_);
+  --pending_creates_;
+}
+
+Status NodeAgent::checkCreatable(const CreateParams& params) {
+  if (!params.session.empty()) DSEC_TRY(sessions_->checkJoinable(params.session));
+  return images_->check(params.layers);
+}
+
+Status NodeAgent::startSandbox(SandboxRecord& rec, const CpuReservation& cores) {
+  const CreateParams& params = rec.params;
+  auto mount = images_->acquire(params.layers);
+  if (!mount.ok()) return mount.error().wrap("mounting image " + params.image);
+  rec.mount = std::move(*mount);
+
+  auto sandbox = backend_->create(sandboxSpec(rec, cores));
+  if (!sandbox.ok()) {
+    DSEC_LOG(kWarn, kLog) << "create " << rec.id << " failed: " << sandbox.error().toString();
+    return sandbox.error().wrap("creating sandbox " + rec.id);
+  }
+  rec.sandbox = std::move(*sandbox);
+  if (auto st = persist(rec); !st.ok()) {
+    (void)rec.sandbox->destroy();
+    return st.error().wrap("persisting sandbox state");
+  }
+  if (!params.session.empty()) {
+    // After the sandbox's own state file, so a crash in between leaves a member the restart's reconcile adds.
+    if (auto st = sessions_->addSandbox(params.session, rec.id); !st.ok()) {
+      (void)rec.sandbox->destroy();
+      (void)state_->remove(rec.id);
+      return st.error();
+    }
+  }
+  return okStatus();
+}
+
+Result<SandboxInfo> NodeAgent::create(const CreateParams& params) {
   double t0 = monotonicSeconds();
-  if (!backend_ || !unavailable_reason_.empty()) {
-    metrics_->create_failures_total++;
-    return Error(ErrorCode::kUnsupported, unavailable_reason_);
-  }
-  {
-    std::lock_guard lock(mu_);
-    if (static_cast<int64_t>(sandboxes_.size()) + pending_creates_ >= options_.max_sandboxes) {
-      metrics_->create_failures_total++;
-      return Error(ErrorCode::kResourceExhausted, "node " + options_.node_name + " is full (" +
-                                                      std::to_string(options_.max_sandboxes) + " sandboxes)");
-    }
-    ++pending_creates_;
-  }
-  auto admitted = density_->admit(params);  // committed memory/CPUs vs capacity x ratio, and pressure
-  if (!admitted.ok()) {
-    std::lock_guard lock(mu_);
-    --pending_creates_;
-    metrics_->create_failures_total++;
-    return admitted.error();
-  }
-  struct PendingGuard {
-    NodeAgent* agent;
-    ~PendingGuard() {
-      std::lock_guard lock(agent->mu_);
-      --agent->pending_creates_;
-    }
-  } pending_guard{this};
   auto fail = [this](const Error& e) -> Error {
     metrics_->create_failures_total++;
     return e;
   };
+  if (auto st = reserveCreateSlot(); !st.ok()) return fail(st.error());
+  struct SlotGuard {
+    NodeAgent* agent;
+    ~SlotGuard() { agent->releaseCreateSlot(); }
+  } slot{this};
+  auto admitted = density_->admit(params);  // committed memory/CPUs vs capacity x ratio, and pressure
+  if (!admitted.ok()) return fail(admitted.error());
+  if (auto st = checkCreatable(params); !st.ok()) return fail(st.error());
 
-  if (!params.session.empty()) {
-    if (auto st = sessions_->checkJoinable(params.session); !st.ok()) return fail(st.error());
-  }
-  if (auto st = images_->check(params.layers); !st.ok()) return fail(st.error());
   auto rec = std::make_shared<SandboxRecord>();
   rec->id = options_.node_name + "-" + randomHex(16);
   rec->params = params;
@@ -290,30 +295,9 @@ Result<json> NodeAgent::create(const CreateParams& params) {
   // Dedicated cores (latency) or the shared pool (batch); given back if the create fails (CpuAllocator.h).
   auto cores = cpu_->reserve(rec->id, params.qos, params.cpus);
   if (!cores.ok()) return fail(cores.error());
+  if (auto st = startSandbox(*rec, *cores); !st.ok()) return fail(st.error());
 
-  auto mount = images_->acquire(params.layers);
-  if (!mount.ok()) return fail(mount.error().wrap("mounting image " + params.image));
-  rec->mount = std::move(*mount);
-
-  auto sandbox = backend_->create(sandboxSpec(*rec, *cores));
-  if (!sandbox.ok()) {
-    DSEC_LOG(kWarn, kLog) << "create " << rec->id << " failed: " << sandbox.error().toString();
-    return fail(sandbox.error().wrap("creating sandbox " + rec->id));
-  }
-  rec->sandbox = std::move(*sandbox);
-  if (auto st = persist(*rec); !st.ok()) {
-    (void)rec->sandbox->destroy();
-    return fail(st.error().wrap("persisting sandbox state"));
-  }
-  if (!params.session.empty()) {
-    // After the sandbox's own state file, so a crash in between leaves a member the restart's reconcile adds.
-    if (auto st = sessions_->addSandbox(params.session, rec->id); !st.ok()) {
-      (void)rec->sandbox->destroy();
-      (void)state_->remove(rec->id);
-      return fail(st.error());
-    }
-  }
-  json info = infoOf(*rec);
+  SandboxInfo info = infoOf(*rec);
   {
     std::lock_guard lock(mu_);
     sandboxes_[rec->id] = rec;
@@ -327,34 +311,27 @@ Result<json> NodeAgent::create(const CreateParams& params) {
   return info;
 }
 
-json NodeAgent::infoLocked(SandboxRecord& rec) {
-  const CreateParams& p = rec.params;
-  json j = sandboxParamsJson(p);
-  j["id"] = rec.id;
-  j["node"] = options_.node_name;
-  j["state"] = backends::sandboxStateName(rec.sandbox->state());
-  j["created"] = rfc3339(rec.created_unix);
-  j["created_unix"] = rec.created_unix;
-  j["last_active_unix"] = rec.last_active_unix.load();
-  bool paused = rec.sandbox->state() == backends::SandboxState::kPaused;
-  j["paused_by"] = paused ? json(pausedByName(rec.paused_by)) : json(nullptr);
-  json usage = {{"memory_bytes", 0}, {"pids", 0}, {"cpu_usec", 0}, {"oom_kills", 0}};
-  if (auto u = rec.sandbox->usage(); u.ok()) {
-    usage = {
-        {"memory_bytes", u->memory_bytes}, {"pids", u->pids}, {"cpu_usec", u->cpu_usec}, {"oom_kills", u->oom_kills}};
-  }
-  j["usage"] = usage;
-  if (cpu_) cpu_->annotate(rec.id, p.qos, &j);  // "qos", "cpuset", "cpuset_mems"
-  if (density_) density_->annotate(rec, &j);
-  return j;
+SandboxInfo NodeAgent::infoLocked(SandboxRecord& rec) {
+  SandboxInfo info;
+  info.id = rec.id;
+  info.node = options_.node_name;
+  info.params = rec.params;
+  info.state = rec.sandbox->state();
+  info.created_unix = rec.created_unix;
+  info.last_active_unix = rec.last_active_unix.load();
+  if (info.state == backends::SandboxState::kPaused) info.paused_by = rec.paused_by;
+  if (auto usage = rec.sandbox->usage(); usage.ok()) info.usage = *usage;
+  if (cpu_) info.cpu = cpu_->bookingOf(rec.id);
+  if (density_) info.density = density_->sandboxDensity(rec.id);
+  return info;
 }
 
-json NodeAgent::infoOf(SandboxRecord& rec) {
+SandboxInfo NodeAgent::infoOf(SandboxRecord& rec) {
   std::lock_guard rec_lock(rec.mu);
   return infoLocked(rec);
 }
 
-Result<json> NodeAgent::info(const std::string& id) {
+Result<SandboxInfo> NodeAgent::info(const std::string& id) {
   auto rec = find(id);
   if (!rec) return Error::notFound("no sandbox " + id);
   std::lock_guard lock(rec->mu);
@@ -362,7 +339,7 @@ Result<json> NodeAgent::info(const std::string& id) {
   return infoLocked(*rec);
 }
 
-json NodeAgent::list(const std::map<std::string, std::string>& labels) {
+std::vector<SandboxInfo> NodeAgent::list(const std::map<std::string, std::string>& labels) {
   std::vector<std::shared_ptr<SandboxRecord>> recs;
   {
     std::lock_guard lock(mu_);
@@ -370,12 +347,13 @@ json NodeAgent::list(const std::map<std::string, std::string>& labels) {
       if (labelsMatch(rec->params.labels, labels)) recs.push_back(rec);
     }
   }
-  json out = json::array();
+  std::vector<SandboxInfo> out;
+  out.reserve(recs.size());
   for (const auto& rec : recs) {
     std::lock_guard lock(rec->mu);
     if (!rec->destroyed) out.push_back(infoLocked(*rec));
   }
-  return json{{"sandboxes", out}};
+  return out;
 }
 
 Status NodeAgent::destroy(const std::string& id, const std::string& reason) {
@@ -410,7 +388,7 @@ Status NodeAgent::destroy(const std::string& id, const std::string& reason) {
   return okStatus();
 }
 
-Result<json> NodeAgent::pause(const std::string& id) {
+Result<SandboxInfo> NodeAgent::pause(const std::string& id) {
   auto rec = find(id);
   if (!rec) return Error::notFound("no sandbox " + id);
   std::lock_guard lock(rec->mu);
@@ -424,7 +402,7 @@ Result<json> NodeAgent::pause(const std::string& id) {
   return infoLocked(*rec);
 }
 
-Result<json> NodeAgent::resume(const std::string& id) {
+Result<SandboxInfo> NodeAgent::resume(const std::string& id) {
   auto rec = find(id);
   if (!rec) return Error::notFound("no sandbox " + id);
   std::lock_guard lock(rec->mu);
@@ -498,55 +476,40 @@ void NodeAgent::reapExpired() {
   }
 }
 
-json NodeAgent::nodeInfo() {
-  json unavailable = json::object();
-  json backends = json::array();
+NodeInfo NodeAgent::nodeInfo() {
+  NodeInfo info;
+  info.node = options_.node_name;
+  info.fleet = options_.fleet_name;
   if (unavailable_reason_.empty()) {
-    backends.push_back("container");
+    info.backends.push_back(backends::BackendKind::kContainer);
   } else {
-    unavailable["container"] = unavailable_reason_;
+    info.unavailable_backends[backends::BackendKind::kContainer] = unavailable_reason_;
   }
-  for (const char* b : {"microvm", "vm"}) unavailable[b] = "not available on this node yet";
+  for (auto kind : {backends::BackendKind::kMicrovm, backends::BackendKind::kVm}) {
+    info.unavailable_backends[kind] = "not available on this node yet";
+  }
   int64_t committed = 0;
-  size_t count = 0;
   {
     std::lock_guard lock(mu_);
-    count = sandboxes_.size();
+    info.sandboxes = sandboxes_.size();
     for (const auto& [id, rec] : sandboxes_) committed += rec->params.memory_bytes;
   }
-  json info{{"node", options_.node_name},
-            {"fleet", options_.fleet_name},
-            {"backends", backends},
-            {"unavailable_backends", unavailable},
-            {"capacity",
-             {{"max_sandboxes", options_.max_sandboxes},
-              {"free_sandboxes", std::max<int64_t>(0, options_.max_sandboxes - static_cast<int64_t>(count))},
-              {"memory_bytes", node_memory_bytes_},
-              {"memory_committed_bytes", committed},
-              {"cpus", static_cast<int64_t>(sysconf(_SC_NPROCESSORS_ONLN))}}},
-            {"sandboxes", count},
-            {"density", density_ ? density_->nodeJson() : json(nullptr)},
-            {"isolation",
-             {{"user_namespaces", options_.user_namespaces},
-              {"warning", options_.user_namespaces
-                              ? json(nullptr)
-                              : json("user namespaces are off (operator opt-out): sandbox root is host root")}}},
-            {"qos", cpu_ ? cpu_->nodeJson() : json(nullptr)}};
+  info.capacity.max_sandboxes = options_.max_sandboxes;
+  info.capacity.free_sandboxes = std::max<int64_t>(0, options_.max_sandboxes - static_cast<int64_t>(info.sandboxes));
+  info.capacity.memory_bytes = node_memory_bytes_;
+  info.capacity.memory_committed_bytes = committed;
+  info.capacity.cpus = static_cast<int64_t>(sysconf(_SC_NPROCESSORS_ONLN));
+  if (density_) info.density = density_->nodeInfo();
+  info.user_namespaces = options_.user_namespaces;
+  if (!options_.user_namespaces) {
+    info.isolation_warning = "user namespaces are off (operator opt-out): sandbox root is host root";
+  }
+  if (cpu_) info.qos = cpu_->nodeInfo();
   addFncallInfo(&info);
   return info;
 }
 
-Result<json> NodeAgent::layers() {
-  DSEC_ASSIGN_OR_RETURN(auto statuses, images_->layers());
-  json out = json::array();
-  for (const auto& layer : statuses) {
-    json j = layer.manifest.toJson();
-    j["mounted"] = layer.mounted;
-    j["refs"] = layer.refs;
-    out.push_back(std::move(j));
-  }
-  return json{{"layers", out}};
-}
+Result<std::vector<LayerStatus>> NodeAgent::layers() { return images_->layers(); }
 
 void NodeAgent::renderGauges(std::string* out) {
   int64_t running = 0, paused = 0, stopped = 0, committed = 0, paused_by_lease = 0;

@@ -1,5 +1,5 @@
 // The node agent's part of the fncall backend: starting it over the agent's image source and container backend, and
-// what /v1/node says about it. Kept apart from NodeAgent.cc, which only calls in here.
+// what the node's info says about it. Kept apart from NodeAgent.cc, which only calls in here.
 #include "dsec/common/Logging.h"
 #include "dsec/launcher/node/NodeAgent.h"
 
@@ -23,13 +23,12 @@ void NodeAgent::startFncall() {
   fncall_ = std::move(*service);
 }
 
-void NodeAgent::addFncallInfo(nlohmann::json* info) {
-  nlohmann::json& j = *info;
+void NodeAgent::addFncallInfo(NodeInfo* info) const {
   if (fncall_) {
-    j["backends"].push_back("fncall");
-    j["fncall"] = fncall_->stats();
+    info->backends.push_back(backends::BackendKind::kFncall);  // its pools and calls: fncall()->stats()
   } else {
-    j["unavailable_backends"]["fncall"] = fncall_unavailable_.empty() ? "not started" : fncall_unavailable_;
+    info->unavailable_backends[backends::BackendKind::kFncall] =
+        fncall_unavailable_.empty() ? "not started" : fncall_unavailable_;
   }
 }
 

@@ -6,7 +6,6 @@
 
 namespace dsec::launcher {
 namespace {
-using nlohmann::json;
 constexpr const char* kLog = "node";
 }  // namespace
 
@@ -69,35 +68,25 @@ void NodeAgent::reapSessions() {
   }
 }
 
-Result<json> NodeAgent::putSession(const std::string& name, const SessionSettings& settings) {
-  DSEC_ASSIGN_OR_RETURN(Session s, sessions_->put(name, settings, wallSeconds()));
-  return s.toJson();
+Result<Session> NodeAgent::putSession(const std::string& name, const SessionSettings& settings) {
+  return sessions_->put(name, settings, wallSeconds());
 }
 
-Result<json> NodeAgent::getSession(const std::string& name) {
-  DSEC_ASSIGN_OR_RETURN(Session s, sessions_->get(name));
-  return s.toJson();
-}
+Result<Session> NodeAgent::getSession(const std::string& name) { return sessions_->get(name); }
 
-json NodeAgent::listSessions() {
-  json out = json::array();
-  for (const auto& s : sessions_->list()) out.push_back(s.toJson());
-  return json{{"sessions", out}};
-}
+std::vector<Session> NodeAgent::listSessions() { return sessions_->list(); }
 
-Result<json> NodeAgent::attachSession(const std::string& name, std::optional<double> lease) {
-  DSEC_ASSIGN_OR_RETURN(Session s, sessions_->renew(name, lease, wallSeconds()));
-  json out = s.toJson();
-  json infos = json::array();
+Result<AttachedSession> NodeAgent::attachSession(const std::string& name, std::optional<double> lease) {
+  AttachedSession out;
+  DSEC_ASSIGN_OR_RETURN(out.session, sessions_->renew(name, lease, wallSeconds()));
   // Sandboxes stay paused: the first exec or file request to each resumes it.
-  for (const auto& id : s.sandboxes) {
-    if (auto i = info(id); i.ok()) infos.push_back(std::move(*i));
+  for (const auto& id : out.session.sandboxes) {
+    if (auto i = info(id); i.ok()) out.sandboxes.push_back(std::move(*i));
   }
-  out["sandbox_infos"] = std::move(infos);
   return out;
 }
 
-Result<json> NodeAgent::deleteSession(const std::string& name) {
+Result<DeletedSession> NodeAgent::deleteSession(const std::string& name) {
   DSEC_ASSIGN_OR_RETURN(auto ids, sessions_->beginDelete(name));
   int destroyed = 0;
   std::optional<Error> failure;
@@ -116,7 +105,7 @@ Result<json> NodeAgent::deleteSession(const std::string& name) {
   }
   sessions_->erase(name);
   DSEC_LOG(kInfo, kLog) << "session " << name << " deleted with " << destroyed << " sandbox(es)";
-  return json{{"name", name}, {"destroyed", destroyed}};
+  return DeletedSession{name, destroyed};
 }
 
 }  // namespace dsec::launcher

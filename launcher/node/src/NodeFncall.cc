@@ -94,14 +94,7 @@ Result<ExecResult> NodeFncall::call(backends::fncall::CallRequest request) {
   return service_->call(request);
 }
 
-nlohmann::json NodeFncall::stats() {
-  nlohmann::json j = service_->stats();
-  if (j.is_object()) {
-    j["default_image"] = options_.image;
-    j["max_workers"] = options_.max_workers;
-  }
-  return j;
-}
+nlohmann::json NodeFncall::stats() { return service_->stats(); }
 
 void NodeFncall::renderMetrics(std::string* out) { service_->renderMetrics(out); }
 

@@ -2,8 +2,8 @@
 
 #include <unistd.h>
 
-#include <cmath>
 #include <cstring>
+#include <nlohmann/json.hpp>
 
 #include "dsec/common/Directory.h"
 #include "dsec/common/Logging.h"
@@ -20,15 +20,14 @@ bool nameChar(char c, bool first) {
   return alnum || (!first && (c == '.' || c == '_' || c == '-'));
 }
 
-Result<double> secondsField(const json& v, const std::string& field, double min, double max) {
-  if (!v.is_number()) return Error::invalid("field '" + field + "': expected a number of seconds, got " + v.dump());
-  double d = v.get<double>();
-  if (!std::isfinite(d) || d < min || d > max) {
-    char buf[128];
-    std::snprintf(buf, sizeof(buf), "must be between %g and %g seconds, got ", min, max);
-    return Error::invalid("field '" + field + "': " + buf + v.dump());
-  }
-  return d;
+// A session file; its state is derived from lapsed_unix, so it is not written.
+json sessionFileJson(const Session& s) {
+  return json{{"name", s.name},
+              {"lease", s.lease},
+              {"retention", s.retention},
+              {"expires_unix", s.expires_unix},
+              {"lapsed_unix", s.lapsed_unix ? json(*s.lapsed_unix) : json(nullptr)},
+              {"sandboxes", s.sandboxes}};
 }
 
 Result<Session> sessionFromJson(const json& j) {
@@ -63,33 +62,6 @@ Status validateSessionName(std::string_view name) {
   return okStatus();
 }
 
-Result<SessionSettings> parseSessionSettings(const json& body, bool allow_retention) {
-  if (!body.is_object()) return Error::invalid("request body must be a JSON object");
-  SessionSettings s;
-  for (const auto& [key, value] : body.items()) {
-    if (key == "lease") {
-      DSEC_ASSIGN_OR_RETURN(s.lease, secondsField(value, "lease", kMinSessionLease, kMaxSessionLease));
-    } else if (key == "retention" && allow_retention) {
-      DSEC_ASSIGN_OR_RETURN(s.retention, secondsField(value, "retention", 0, kMaxSessionRetention));
-    } else {
-      return Error::invalid("unknown field '" + key + "'" + (allow_retention ? "" : " (attach takes only 'lease')"));
-    }
-  }
-  return s;
-}
-
-json Session::toJson() const {
-  json ids = json::array();
-  for (const auto& id : sandboxes) ids.push_back(id);
-  return json{{"name", name},
-              {"lease", lease},
-              {"retention", retention},
-              {"state", lapsed() ? "lapsed" : "active"},
-              {"expires_unix", expires_unix},
-              {"lapsed_unix", lapsed_unix ? json(*lapsed_unix) : json(nullptr)},
-              {"sandboxes", ids}};
-}
-
 SessionTable::SessionTable(std::string dir) : dir_(std::move(dir)) {}
 
 Status SessionTable::load() {
@@ -115,9 +87,7 @@ Status SessionTable::load() {
 }
 
 Status SessionTable::persistLocked(const Session& s) {
-  json j = s.toJson();
-  j.erase("state");  // derived from lapsed_unix
-  auto st = writeStateFile(pathOf(s.name), j.dump());
+  auto st = writeStateFile(pathOf(s.name), sessionFileJson(s).dump());
   if (!st.ok()) DSEC_LOG(kWarn, kLog) << "persisting session " << s.name << ": " << st.error().toString();
   return st;
 }

@@ -9,7 +9,7 @@ using nlohmann::json;
 // (NodeAgent.cc), on purpose in separate code: an API rename must not change what a restarted node reads.
 json paramsRecordJson(const CreateParams& p) {
   return json{{"image", p.image},
-              {"backend", p.backend},
+              {"backend", backends::backendKindName(p.backend)},
               {"cpus", p.cpus},
               {"memory", p.memory_bytes},
               {"disk", p.disk_bytes},
@@ -28,7 +28,8 @@ Result<CreateParams> paramsFromJson(const json& j) {
   CreateParams p;
   p.image = j.at("image").get<std::string>();
   DSEC_ASSIGN_OR_RETURN(p.layers, fs3::parseImageRef(p.image));
-  p.backend = j.value("backend", "container");
+  DSEC_ASSIGN_OR_RETURN(p.backend, backends::parseBackendKind(j.value(
+                                       "backend", std::string(backendKindName(backends::BackendKind::kContainer)))));
   p.cpus = j.value("cpus", 0.0);
   p.memory_bytes = j.value("memory", int64_t{0});
   p.disk_bytes = j.value("disk", int64_t{0});

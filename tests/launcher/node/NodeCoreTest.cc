@@ -6,6 +6,7 @@
 #include <chrono>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <thread>
 
 #include "dsec/common/Directory.h"
@@ -86,11 +87,13 @@ class NodeCoreTest : public ::testing::Test {
   std::string create(const CreateParams& p) {
     auto info = agent_->create(p);
     EXPECT_TRUE(info.ok()) << info.error().toString();
-    return info.ok() ? (*info)["id"].get<std::string>() : "";
+    return info.ok() ? info->id : "";
   }
-  json info(const std::string& id) {
+  // The sandbox's info; a failed lookup is a test failure and an info with no id.
+  SandboxInfo info(const std::string& id) {
     auto i = agent_->info(id);
-    return i.ok() ? *i : json{{"error", i.error().message()}};
+    EXPECT_TRUE(i.ok()) << i.error().toString();
+    return i.ok() ? *i : SandboxInfo{};
   }
   // Polls until `done` holds (a reaper tick is 20 ms; the deadline only bounds a failure).
   static bool eventually(const std::function<bool()>& done, double seconds = 10) {
@@ -121,10 +124,13 @@ TEST_F(NodeCoreTest, CreatesListsAndDestroysWithARecordEach) {
   p.labels = {{"job", "a"}};
   std::string a = create(p);
   std::string b = create(params());
-  EXPECT_EQ(info(a)["state"], "running");
-  EXPECT_EQ(info(a)["node"], "t1");
-  EXPECT_EQ(agent_->list({{"job", "a"}})["sandboxes"].size(), 1u);
-  EXPECT_EQ(agent_->list({})["sandboxes"].size(), 2u);
+  EXPECT_EQ(info(a).state, backends::SandboxState::kRunning);
+  EXPECT_EQ(info(a).node, "t1");
+  EXPECT_EQ(info(a).params.labels, p.labels);
+  EXPECT_EQ(info(a).params.memory_bytes, 256LL << 20);
+  EXPECT_FALSE(info(a).paused_by.has_value());
+  EXPECT_EQ(agent_->list({{"job", "a"}}).size(), 1u);
+  EXPECT_EQ(agent_->list({}).size(), 2u);
   EXPECT_EQ(recordsOnDisk(), 2u);
   ASSERT_OK(agent_->destroy(a));
   ASSERT_ERROR(agent_->info(a), ErrorCode::kNotFound);
@@ -182,7 +188,7 @@ TEST_F(NodeCoreTest, TimeoutAndIdleTimeoutReapButAnExecInFlightKeepsASandbox) {
   ASSERT_ERROR(agent_->info(t), ErrorCode::kNotFound);
   ASSERT_ERROR(agent_->info(i), ErrorCode::kNotFound);
   std::this_thread::sleep_until(held_since + std::chrono::milliseconds(2500));  // past its idle timeout
-  EXPECT_EQ(info(busy)["state"], "running");
+  EXPECT_EQ(info(busy).state, backends::SandboxState::kRunning);
   EXPECT_EQ(metrics_.reaped_total.load(), 2u);
   { auto done = std::move(*lease); }
   // A destroy leaves the registry before its record goes: wait for both.
@@ -199,24 +205,26 @@ TEST_F(NodeCoreTest, ALapsedSessionPausesItsSandboxesAndUseResumesThem) {
   std::string a = create(p);
   std::string b = create(p);
   ASSERT_OK(agent_->putSession("trainer", SessionSettings{1.0, std::nullopt}));  // the trainer stops renewing
-  ASSERT_TRUE(eventually([&] { return info(a)["paused_by"] == "lease" && info(b)["paused_by"] == "lease"; }))
-      << info(a).dump();
-  EXPECT_EQ(info(a)["state"], "paused");
+  ASSERT_TRUE(
+      eventually([&] { return info(a).paused_by == PausedBy::kLease && info(b).paused_by == PausedBy::kLease; }));
+  EXPECT_EQ(info(a).state, backends::SandboxState::kPaused);
   std::this_thread::sleep_until(created + std::chrono::milliseconds(3500));  // past the idle timeout
-  EXPECT_EQ(info(a)["state"], "paused") << "an idle timeout destroyed a sandbox its lapsed session paused";
-  EXPECT_EQ(info(b)["state"], "paused");
+  EXPECT_EQ(info(a).state, backends::SandboxState::kPaused)
+      << "an idle timeout destroyed a sandbox its lapsed session paused";
+  EXPECT_EQ(info(b).state, backends::SandboxState::kPaused);
   EXPECT_EQ(metrics_.reaped_total.load(), 0u);
   auto attached = agent_->attachSession("trainer", 60.0);  // long enough not to lapse again during the test
   ASSERT_OK(attached);
-  EXPECT_EQ((*attached)["sandbox_infos"].size(), 2u);
-  EXPECT_EQ(info(a)["state"], "paused");  // attach renews; the first use resumes
+  EXPECT_EQ(attached->session.name, "trainer");
+  EXPECT_EQ(attached->sandboxes.size(), 2u);
+  EXPECT_EQ(info(a).state, backends::SandboxState::kPaused);  // attach renews; the first use resumes
   {
     auto lease = agent_->use(a);
     ASSERT_OK(lease);
   }
-  EXPECT_EQ(info(a)["state"], "running");
-  EXPECT_TRUE(info(a)["paused_by"].is_null());
-  EXPECT_EQ(info(b)["state"], "paused");
+  EXPECT_EQ(info(a).state, backends::SandboxState::kRunning);
+  EXPECT_FALSE(info(a).paused_by.has_value());
+  EXPECT_EQ(info(b).state, backends::SandboxState::kPaused);
 }
 
 TEST_F(NodeCoreTest, ASessionLapsedForItsRetentionIsDroppedWithItsSandboxes) {
@@ -239,10 +247,33 @@ TEST_F(NodeCoreTest, DeletingASessionDestroysItsSandboxes) {
   std::string other = create(params());
   auto deleted = agent_->deleteSession("s");
   ASSERT_OK(deleted);
-  EXPECT_EQ((*deleted)["destroyed"], 1);
+  EXPECT_EQ(deleted->name, "s");
+  EXPECT_EQ(deleted->destroyed, 1);
   ASSERT_ERROR(agent_->info(a), ErrorCode::kNotFound);
-  EXPECT_EQ(info(other)["state"], "running");
+  EXPECT_EQ(info(other).state, backends::SandboxState::kRunning);
   ASSERT_ERROR(agent_->create(p), ErrorCode::kNotFound);  // no such session any more
+}
+
+TEST_F(NodeCoreTest, NodeInfoCountsSandboxesAndSaysWhichBackendsAreOffered) {
+  startAgent();
+  create(params());
+  NodeInfo node = agent_->nodeInfo();
+  EXPECT_EQ(node.node, "t1");
+  EXPECT_EQ(node.fleet, kDefaultFleetName);
+  EXPECT_EQ(node.backends, std::vector<backends::BackendKind>{backends::BackendKind::kContainer});
+  // A simulated node runs no processes, so no fncall workers; microvm and vm are not there yet.
+  EXPECT_EQ(node.unavailable_backends.size(), 3u);
+  EXPECT_EQ(node.unavailable_backends.count(backends::BackendKind::kFncall), 1u);
+  EXPECT_EQ(node.sandboxes, 1u);
+  EXPECT_EQ(node.capacity.max_sandboxes, 3);
+  EXPECT_EQ(node.capacity.free_sandboxes, 2);
+  EXPECT_EQ(node.capacity.memory_bytes, 1LL << 30);
+  EXPECT_EQ(node.capacity.memory_committed_bytes, 256LL << 20);
+  EXPECT_TRUE(node.user_namespaces);
+  EXPECT_EQ(node.isolation_warning, "");
+  ASSERT_TRUE(node.density.has_value());
+  EXPECT_EQ(node.density->actions_total.size(), 5u);
+  EXPECT_TRUE(node.qos.has_value());
 }
 
 TEST_F(NodeCoreTest, ARestartedNodeReadoptsItsSandboxesAsTheyWere) {
@@ -256,10 +287,10 @@ TEST_F(NodeCoreTest, ARestartedNodeReadoptsItsSandboxesAsTheyWere) {
   agent_.reset();
   startAgent();
   EXPECT_EQ(agent_->sandboxCount(), 2u);
-  EXPECT_EQ(info(a)["state"], "running");
-  EXPECT_EQ(info(a)["labels"]["k"], "v");
-  EXPECT_EQ(info(b)["state"], "paused");
-  EXPECT_EQ(info(b)["paused_by"], "user");
+  EXPECT_EQ(info(a).state, backends::SandboxState::kRunning);
+  EXPECT_EQ(info(a).params.labels.at("k"), "v");
+  EXPECT_EQ(info(b).state, backends::SandboxState::kPaused);
+  EXPECT_EQ(info(b).paused_by, std::optional(PausedBy::kUser));
 }
 
 // A record written by a node before records were versioned: the API's flat sandbox info.
@@ -286,12 +317,13 @@ TEST_F(NodeCoreTest, ARecordOfThePreviousFormatStillReadopts) {
              {"cpuset", nullptr}};
   std::ofstream(stateDir() + "/t1-0123456789abcdef.json") << v0.dump();
   startAgent();
-  json i = info("t1-0123456789abcdef");
-  EXPECT_EQ(i["state"], "paused") << i.dump();
-  EXPECT_EQ(i["paused_by"], "lease");
-  EXPECT_EQ(i["labels"]["team"], "rl");
-  EXPECT_EQ(i["env"]["A"], "1");
-  EXPECT_EQ(i["created_unix"], 1764547200.5);
+  SandboxInfo i = info("t1-0123456789abcdef");
+  EXPECT_EQ(i.state, backends::SandboxState::kPaused);
+  EXPECT_EQ(i.paused_by, std::optional(PausedBy::kLease));
+  EXPECT_EQ(i.params.labels.at("team"), "rl");
+  EXPECT_EQ(i.params.env.at("A"), "1");
+  EXPECT_EQ(i.params.backend, backends::BackendKind::kContainer);
+  EXPECT_EQ(i.created_unix, 1764547200.5);
   // The next write is in the current format.
   ASSERT_OK(agent_->resume("t1-0123456789abcdef"));
   auto text = readFile(stateDir() + "/t1-0123456789abcdef.json");

@@ -13,6 +13,7 @@
 #include "dsec/common/Result.h"
 #include "dsec/fs3/LayerRef.h"
 #include "dsec/launcher/node/CreateParams.h"
+#include "dsec/launcher/node/Sessions.h"
 
 namespace dsec::launcher {
 
@@ -23,6 +24,10 @@ Result<nlohmann::json> parseJsonObject(std::string_view body);
 // node_memory_bytes bounds the memory limit (0 skips that check). Unknown backends are kInvalidArgument;
 // known but unavailable ones (fncall, microvm, vm) kUnsupported.
 Result<CreateParams> parseCreateRequest(const nlohmann::json& body, int64_t node_memory_bytes);
+
+// The body of PUT /v1/sessions/{name} ({"lease", "retention"}) or of an attach ({"lease"} only: allow_retention
+// false). 400 naming the field.
+Result<SessionSettings> parseSessionSettings(const nlohmann::json& body, bool allow_retention);
 
 // The bytes of a body's "stdin" (text) or "stdin_b64" (base64), at most one of them; "" when neither.
 Result<std::string> parseStdinFields(const nlohmann::json& body);

@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "dsec/backends/BackendKind.h"
 #include "dsec/common/Fd.h"
 #include "dsec/common/Result.h"
 #include "dsec/launcher/api/HttpServer.h"
@@ -57,7 +58,7 @@ struct FleetNodeSpec {
   std::string endpoint;
   double cpus = 0;
   int64_t memory_bytes = 0;
-  std::vector<std::string> backends = {"container"};
+  std::vector<std::string> backends = {dsec::backends::backendKindName(dsec::backends::BackendKind::kContainer)};
   bool draining = false;
   // The node's books as it reports them with each registration (-1: not reported).
   double committed_cpus = -1;

@@ -8,11 +8,11 @@
 
 #include <memory>
 #include <mutex>
-#include <nlohmann/json.hpp>
 #include <string>
 
 #include "dsec/backends/Sandbox.h"
 #include "dsec/common/Result.h"
+#include "dsec/launcher/node/Infos.h"
 
 namespace dsec::placement {
 class NodePlacer;
@@ -29,12 +29,6 @@ struct CpuAllocatorOptions {
 };
 
 class CpuAllocator;
-
-// The cores (and memory nodes) a sandbox is bound to; empty strings: the whole node.
-struct CpuBooking {
-  std::string cpuset;
-  std::string mems;
-};
 
 // Cores held for one sandbox being created: released when dropped unless commit() was called.
 class CpuReservation {
@@ -69,10 +63,8 @@ class CpuAllocator {
   Status readopt(const std::string& id, backends::CpuQos qos, double cpus, const std::string& recorded_cpus);
   void release(const std::string& id);
   CpuBooking bookingOf(const std::string& id) const;
-  // "qos", "cpuset", "cpuset_mems" of a sandbox's info.
-  void annotate(const std::string& id, backends::CpuQos qos, nlohmann::json* out) const;
-  // The node's books: {"enabled","cores","dedicated_cores","free_dedicated_cores","shared_cpuset",...}.
-  nlohmann::json nodeJson() const;
+  // The node's books: cores, dedicated and free ones, the shared pool, sandboxes by QoS.
+  CpuQosNodeInfo nodeInfo() const;
 
  private:
   friend class CpuReservation;

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "dsec/backends/BackendKind.h"
 #include "dsec/backends/Sandbox.h"
 #include "dsec/fs3/LayerRef.h"
 
@@ -23,7 +24,7 @@ constexpr int64_t kMaxOutputCap = 1LL << 30;
 struct CreateParams {
   std::string image;  // normalised ("a:1+b:2")
   std::vector<fs3::LayerRef> layers;
-  std::string backend = "container";
+  backends::BackendKind backend = backends::BackendKind::kContainer;
   double cpus = 1;
   int64_t memory_bytes = 512LL << 20;  // 0 = unlimited
   int64_t disk_bytes = 1LL << 30;      // 0 = backend default

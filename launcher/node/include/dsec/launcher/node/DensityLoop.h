@@ -2,8 +2,8 @@
 // the sandboxes' parent cgroup, each sandbox's idleness and usage), feeds placement::DensityController and
 // executes its actions through the backend (reclaim, pause with paused_by "density", resume). It also
 // answers admission for creates (committed memory and CPUs against capacity x the controller's ratios) and
-// makes all of it visible: sandbox info ("density", "events", OOM kills), /v1/node ("density") and /metrics
-// (dsec_density_*).
+// makes all of it visible: each sandbox's SandboxDensity (actions and events, OOM kills), the node's
+// DensityNodeInfo (Infos.h) and /metrics (dsec_density_*).
 #pragma once
 
 #include <condition_variable>
@@ -13,13 +13,13 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "dsec/common/Pressure.h"
 #include "dsec/common/Result.h"
+#include "dsec/launcher/node/Infos.h"
 #include "dsec/placement/DensityController.h"
 
 namespace dsec::launcher {
@@ -74,10 +74,10 @@ class DensityLoop {
 
   // kResourceExhausted (429 capacity) naming why, or a ticket.
   Result<Ticket> admit(const CreateParams& params);
-  // Adds "density" and "events" to a sandbox's info (caller holds the record's mutex).
-  void annotate(SandboxRecord& record, nlohmann::json* info);
+  // What the loop did to a sandbox and saw in it.
+  SandboxDensity sandboxDensity(const std::string& id);
   void forget(const std::string& id);
-  nlohmann::json nodeJson();
+  DensityNodeInfo nodeInfo();
   void renderMetrics(std::string* out);
   int64_t memoryCapacityBytes() const { return capacity_; }
 
@@ -93,7 +93,7 @@ class DensityLoop {
     double resumed_unix = 0;
     int64_t oom_seen = 0;
     int64_t memory_bytes = 0;
-    std::deque<nlohmann::json> events;
+    std::deque<SandboxEvent> events;
   };
   void run();
   // The node's memory, CPU and pressure (tick's first half); `committed` fields are filled by the caller.
@@ -103,7 +103,7 @@ class DensityLoop {
                                                     std::map<std::string, std::pair<int64_t, int64_t>>* fresh);
   void reportOomKill(const std::string& id, int64_t kills);
   void execute(const placement::DensityAction& action, const std::shared_ptr<SandboxRecord>& rec);
-  void addEvent(const std::string& id, nlohmann::json event);
+  void addEvent(const std::string& id, SandboxEvent event);
   void logAction(const placement::DensityAction& action);
 
   DensityHost* host_;
@@ -130,7 +130,7 @@ class DensityLoop {
   uint64_t refusals_total_ = 0;
   uint64_t oom_events_total_ = 0;
   uint64_t action_seq_ = 0;
-  std::deque<nlohmann::json> last_actions_;
+  std::deque<DensityActionRecord> last_actions_;
   uint64_t last_cpu_usec_ = 0;
   double last_cpu_t_ = -1;
   size_t scan_cursor_ = 0;

@@ -8,6 +8,8 @@
 // call, so concurrent creates run their slow parts in parallel. Each sandbox has its own mutex that
 // serialises state changes (pause, resume, destroy, transparent resume); execs and file operations hold a
 // lease (an activity count) instead, so many can run at once on one sandbox.
+//
+// Everything it reports is a typed value (Infos.h); the API edge decides how it looks on the wire.
 #pragma once
 
 #include <atomic>
@@ -17,7 +19,6 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 #include <vector>
@@ -27,6 +28,7 @@
 #include "dsec/fs3/LayerMounter.h"
 #include "dsec/launcher/node/CreateParams.h"
 #include "dsec/launcher/node/DensityLoop.h"
+#include "dsec/launcher/node/Infos.h"
 #include "dsec/launcher/node/Metrics.h"
 #include "dsec/launcher/node/NodeFncall.h"
 #include "dsec/launcher/node/NodeParts.h"
@@ -117,26 +119,27 @@ class NodeAgent : private DensityHost {
   // their state files stay for the next agent. Idempotent.
   void shutdown(bool destroy_sandboxes);
 
-  Result<nlohmann::json> create(const CreateParams& params);
-  Result<nlohmann::json> info(const std::string& id);
-  nlohmann::json list(const std::map<std::string, std::string>& labels);
+  Result<SandboxInfo> create(const CreateParams& params);
+  Result<SandboxInfo> info(const std::string& id);
+  // The sandboxes whose labels include every one of `labels`.
+  std::vector<SandboxInfo> list(const std::map<std::string, std::string>& labels);
   Status destroy(const std::string& id, const std::string& reason = "request");
-  Result<nlohmann::json> pause(const std::string& id);
-  Result<nlohmann::json> resume(const std::string& id);
+  Result<SandboxInfo> pause(const std::string& id);
+  Result<SandboxInfo> resume(const std::string& id);
   // For exec and file operations: resumes a paused sandbox and counts as activity until the lease ends.
   Result<SandboxLease> use(const std::string& id);
 
   // Sessions (docs/api.md): PUT creates or renews, attach renews and lists the sandboxes' infos, DELETE
   // destroys the session's sandboxes.
-  Result<nlohmann::json> putSession(const std::string& name, const SessionSettings& settings);
-  Result<nlohmann::json> getSession(const std::string& name);
-  nlohmann::json listSessions();
-  Result<nlohmann::json> attachSession(const std::string& name, std::optional<double> lease);
-  Result<nlohmann::json> deleteSession(const std::string& name);
+  Result<Session> putSession(const std::string& name, const SessionSettings& settings);
+  Result<Session> getSession(const std::string& name);
+  std::vector<Session> listSessions();
+  Result<AttachedSession> attachSession(const std::string& name, std::optional<double> lease);
+  Result<DeletedSession> deleteSession(const std::string& name);
   SessionTable& sessions() { return *sessions_; }
 
-  nlohmann::json nodeInfo();
-  Result<nlohmann::json> layers();
+  NodeInfo nodeInfo();
+  Result<std::vector<LayerStatus>> layers();
   void renderGauges(std::string* out);
 
   const NodeOptions& options() const { return options_; }
@@ -171,8 +174,14 @@ class NodeAgent : private DensityHost {
   void removeEmptyCgroupParent();
   std::shared_ptr<SandboxRecord> find(const std::string& id);
   Status persist(SandboxRecord& record);
-  nlohmann::json infoLocked(SandboxRecord& record);
-  nlohmann::json infoOf(SandboxRecord& record);  // takes the record's mutex
+  // The steps of a create (NodeAgent.cc). A slot counts the create against max_sandboxes while it runs.
+  Status reserveCreateSlot();
+  void releaseCreateSlot();
+  Status checkCreatable(const CreateParams& params);  // its session may take a sandbox, its image is here
+  // Mounts, creates and records the sandbox and adds it to its session; undoes what it did when one fails.
+  Status startSandbox(SandboxRecord& record, const CpuReservation& cores);
+  SandboxInfo infoLocked(SandboxRecord& record);
+  SandboxInfo infoOf(SandboxRecord& record);  // takes the record's mutex
   backends::SandboxSpec sandboxSpec(const SandboxRecord& record, const CpuReservation& cores) const;
 
   NodeOptions options_;
@@ -188,7 +197,7 @@ class NodeAgent : private DensityHost {
   std::unique_ptr<SessionTable> sessions_;
   // After the mounter and backend its workers use, so it goes first (NodeAgentFncall.cc).
   void startFncall();
-  void addFncallInfo(nlohmann::json* info);
+  void addFncallInfo(NodeInfo* info) const;
   std::unique_ptr<NodeFncall> fncall_;
   std::string fncall_unavailable_;
   std::unique_ptr<DensityLoop> density_;

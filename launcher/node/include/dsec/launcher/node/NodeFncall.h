@@ -45,11 +45,13 @@ class NodeFncall {
   // Runs one call. A call without an image gets the default one; an image missing from the store is
   // kNotFound naming it and how to build it; no worker in time is kResourceExhausted.
   Result<backends::ExecResult> call(backends::fncall::CallRequest request);
+  // The function service's own report of its pools and calls (FunctionService::stats).
   nlohmann::json stats();
   void renderMetrics(std::string* out);
   // Destroys every worker sandbox. Idempotent.
   void shutdown();
   const std::string& defaultImage() const { return options_.image; }
+  int maxWorkers() const { return options_.max_workers; }
 
  private:
   NodeFncall(const FncallOptions& options, std::string node_name, ImageSource* images);

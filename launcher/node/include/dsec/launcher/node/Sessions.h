@@ -1,7 +1,8 @@
 // Sessions (docs/api.md "Sessions"): named leases held by a trainer. A SessionTable keeps name -> {lease,
-// retention, expiry, state, sandbox ids}, persists each session atomically to <dir>/<name>.json and reloads
-// them on restart. It decides *when* things happen (a lease lapses, a retention passes); the node agent does
-// the pausing and destroying, so this class never calls a backend and is unit-tested on its own.
+// retention, expiry, state, sandbox ids}, persists each session atomically to <dir>/<name>.json (the node's own file
+// format, Sessions.cc) and reloads them on restart. It decides *when* things happen (a lease lapses, a retention
+// passes); the node agent does the pausing and destroying, so this class never calls a backend and is unit-tested on
+// its own.
 //
 // Locking: one mutex over the table, never held while the caller pauses or destroys sandboxes.
 #pragma once
@@ -10,7 +11,6 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
 #include <string>
@@ -33,13 +33,11 @@ constexpr double kMaxSessionRetention = 604800;
 // [A-Za-z0-9][A-Za-z0-9._-]{0,63}; the error names the rule.
 Status validateSessionName(std::string_view name);
 
-// The body of PUT /v1/sessions/{name} and POST .../attach; absent fields are nullopt.
+// What a PUT or an attach asks of a session (the API edge parses it: Requests.h); absent fields are nullopt.
 struct SessionSettings {
   std::optional<double> lease;
   std::optional<double> retention;
 };
-// PUT: {"lease", "retention"}; attach: {"lease"} only (allow_retention false). 400 naming the field.
-Result<SessionSettings> parseSessionSettings(const nlohmann::json& body, bool allow_retention);
 
 struct Session {
   std::string name;
@@ -51,7 +49,6 @@ struct Session {
   bool deleting = false;  // in memory only: a DELETE or the retention reaper is destroying its sandboxes
 
   bool lapsed() const { return lapsed_unix.has_value(); }
-  nlohmann::json toJson() const;
 };
 
 class SessionTable {

@@ -1,0 +1,31 @@
+// The wire form (docs/api.md) of what the node core reports (launcher/node Infos.h): the one place the API's
+// field names for sandboxes, the node, sessions and layers are spelled.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "dsec/launcher/node/Infos.h"
+#include "dsec/launcher/node/NodeFncall.h"
+
+namespace dsec::launcher {
+
+nlohmann::json toJson(const SandboxInfo& info);
+// {"sandboxes": [...]}
+nlohmann::json sandboxListJson(const std::vector<SandboxInfo>& infos);
+// GET /v1/node as the core sees it; the API server adds its own parts (output budget, HTTP, fncall stats).
+nlohmann::json toJson(const NodeInfo& info);
+// The fncall service's report with the node's default image and worker limit.
+nlohmann::json fncallJson(NodeFncall& fncall);
+
+nlohmann::json toJson(const Session& session);
+// {"sessions": [...]}
+nlohmann::json sessionListJson(const std::vector<Session>& sessions);
+// The session with "sandbox_infos".
+nlohmann::json toJson(const AttachedSession& attached);
+nlohmann::json toJson(const DeletedSession& deleted);
+
+// {"layers": [...]}: each manifest with "mounted" and "refs".
+nlohmann::json layerListJson(const std::vector<LayerStatus>& layers);
+
+}  // namespace dsec::launcher

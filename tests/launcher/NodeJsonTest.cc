@@ -1,0 +1,175 @@
+// The wire form of what the node core reports (NodeJson.h): exact key sets, so that a field the API loses, gains
+// or renames fails here before a client notices.
+#include <gtest/gtest.h>
+
+#include <set>
+#include <string>
+
+#include "dsec/launcher/api/NodeJson.h"
+#include "dsec/testing/TestSupport.h"
+
+namespace dsec::launcher {
+namespace {
+
+using nlohmann::json;
+
+std::set<std::string> keysOf(const json& j) {
+  std::set<std::string> keys;
+  for (const auto& [key, value] : j.items()) keys.insert(key);
+  return keys;
+}
+
+const std::set<std::string> kSandboxKeys = {
+    "image",  "backend", "cpus", "memory", "disk", "pids",  "timeout", "idle_timeout", "network",          "env",
+    "labels", "session", "qos",  "id",     "node", "state", "created", "created_unix", "last_active_unix", "paused_by",
+    "usage"};
+
+SandboxInfo pausedSandbox() {
+  SandboxInfo info;
+  info.id = "n1-00ff";
+  info.node = "n1";
+  info.params.image = "debian:12";
+  info.params.session = "s1";
+  info.params.labels = {{"team", "rl"}};
+  info.state = backends::SandboxState::kPaused;
+  info.created_unix = 1764547200;
+  info.paused_by = PausedBy::kDensity;
+  info.usage.memory_bytes = 4096;
+  return info;
+}
+
+TEST(NodeJson, ASandboxHasExactlyTheFieldsOfTheApi) {
+  SandboxInfo info = pausedSandbox();
+  json j = toJson(info);
+  EXPECT_EQ(keysOf(j), kSandboxKeys);
+  EXPECT_EQ(j["backend"], "container");
+  EXPECT_EQ(j["state"], "paused");
+  EXPECT_EQ(j["paused_by"], "density");
+  EXPECT_EQ(j["session"], "s1");
+  EXPECT_EQ(j["created"], "2025-12-01T00:00:00Z");
+  EXPECT_EQ(j["memory"], 512LL << 20);
+  EXPECT_TRUE(j["cpus"].is_number_float());
+  EXPECT_EQ(keysOf(j["usage"]), (std::set<std::string>{"memory_bytes", "pids", "cpu_usec", "oom_kills"}));
+  EXPECT_EQ(j["usage"]["memory_bytes"], 4096);
+
+  info.paused_by.reset();
+  info.params.session.clear();
+  j = toJson(info);
+  EXPECT_TRUE(j["paused_by"].is_null());
+  EXPECT_TRUE(j["session"].is_null());
+}
+
+TEST(NodeJson, CpuBooksAndDensityAddTheirFields) {
+  SandboxInfo info = pausedSandbox();
+  info.cpu = CpuBooking{"2-3", ""};
+  SandboxDensity density;
+  density.reclaims = 2;
+  density.paused_unix = 5.5;
+  SandboxEvent oom;
+  oom.kind = SandboxEvent::Kind::kOomKill;
+  oom.unix_seconds = 7;
+  oom.oom_kills = 1;
+  oom.message = "killed";
+  SandboxEvent pause;
+  pause.kind = SandboxEvent::Kind::kDensityAction;
+  pause.unix_seconds = 8;
+  pause.density_action = "pause";
+  pause.reason = "pressure";
+  density.events = {oom, pause};
+  info.density = density;
+  json j = toJson(info);
+  std::set<std::string> keys = kSandboxKeys;
+  keys.insert({"cpuset", "cpuset_mems", "density", "events"});
+  EXPECT_EQ(keysOf(j), keys);
+  EXPECT_EQ(j["cpuset"], "2-3");
+  EXPECT_TRUE(j["cpuset_mems"].is_null());
+  EXPECT_EQ(keysOf(j["density"]), (std::set<std::string>{"reclaimed_unix", "reclaims", "paused_unix", "pauses"}));
+  EXPECT_TRUE(j["density"]["reclaimed_unix"].is_null());
+  EXPECT_EQ(j["density"]["paused_unix"], 5.5);
+  ASSERT_EQ(j["events"].size(), 2u);
+  EXPECT_EQ(keysOf(j["events"][0]), (std::set<std::string>{"type", "unix", "time", "oom_kills", "message"}));
+  EXPECT_EQ(j["events"][0]["type"], "oom_kill");
+  EXPECT_EQ(keysOf(j["events"][1]), (std::set<std::string>{"type", "unix", "time", "reason"}));
+  EXPECT_EQ(j["events"][1]["type"], "density_pause");
+
+  info.density->resumed_unix = 9;
+  EXPECT_EQ(toJson(info)["density"]["resumed_unix"], 9.0);
+}
+
+TEST(NodeJson, TheNodeHasExactlyTheFieldsOfTheApi) {
+  NodeInfo node;
+  node.node = "n1";
+  node.fleet = "default";
+  node.backends = {backends::BackendKind::kContainer, backends::BackendKind::kFncall};
+  node.unavailable_backends = {{backends::BackendKind::kMicrovm, "not yet"}, {backends::BackendKind::kVm, "not yet"}};
+  node.capacity.max_sandboxes = 4;
+  node.sandboxes = 1;
+  json j = toJson(node);
+  EXPECT_EQ(keysOf(j), (std::set<std::string>{"node", "fleet", "backends", "unavailable_backends", "capacity",
+                                              "sandboxes", "density", "isolation", "qos"}));
+  EXPECT_EQ(j["backends"], json::array({"container", "fncall"}));
+  EXPECT_EQ(j["unavailable_backends"], (json{{"microvm", "not yet"}, {"vm", "not yet"}}));
+  EXPECT_EQ(keysOf(j["capacity"]), (std::set<std::string>{"max_sandboxes", "free_sandboxes", "memory_bytes",
+                                                          "memory_committed_bytes", "cpus"}));
+  EXPECT_EQ(j["isolation"], (json{{"user_namespaces", true}, {"warning", nullptr}}));
+  EXPECT_TRUE(j["density"].is_null());
+  EXPECT_TRUE(j["qos"].is_null());
+
+  node.density = DensityNodeInfo{};
+  node.density->actions_total = {{"pause", 1}};
+  node.density->last_actions = {{1, "stop_admitting", "", 3.0, "pressure"}};
+  node.qos = CpuQosNodeInfo{};
+  node.qos->disabled_reason = "off";
+  j = toJson(node);
+  EXPECT_EQ(keysOf(j["density"]),
+            (std::set<std::string>{"mode", "memory_ratio", "cpu_ratio", "admitting", "level", "reason",
+                                   "memory_capacity_bytes", "memory_used_bytes", "memory_committed_bytes",
+                                   "memory_admissible_bytes", "cpus", "cpu_committed", "cpu_used", "pressure",
+                                   "oom_kills", "paused_sandboxes", "refusals", "actions_total", "last_actions"}));
+  EXPECT_EQ(keysOf(j["density"]["pressure"]),
+            (std::set<std::string>{"source", "per_cgroup", "available", "memory_some_avg10", "memory_full_avg10",
+                                   "cpu_some_avg10"}));
+  EXPECT_EQ(j["density"]["mode"], "static");
+  EXPECT_EQ(
+      j["density"]["last_actions"][0],
+      (json{{"seq", 1}, {"action", "stop_admitting"}, {"sandbox", nullptr}, {"unix", 3.0}, {"reason", "pressure"}}));
+  EXPECT_EQ(j["qos"], (json{{"enabled", false}, {"reason", "off"}, {"free_dedicated_cores", 0}}));
+  node.qos->enabled = true;
+  EXPECT_EQ(keysOf(toJson(node)["qos"]),
+            (std::set<std::string>{"enabled", "exclusive_pool", "cores", "numa_domains", "dedicated_cores",
+                                   "free_dedicated_cores", "shared_cpuset", "latency_sandboxes", "batch_sandboxes"}));
+}
+
+TEST(NodeJson, SessionsAttachAndDelete) {
+  Session s;
+  s.name = "run";
+  s.sandboxes = {"n1-a"};
+  json j = toJson(s);
+  EXPECT_EQ(keysOf(j),
+            (std::set<std::string>{"name", "lease", "retention", "state", "expires_unix", "lapsed_unix", "sandboxes"}));
+  EXPECT_EQ(j["state"], "active");
+  s.lapsed_unix = 12;
+  EXPECT_EQ(toJson(s)["state"], "lapsed");
+  AttachedSession attached{s, {pausedSandbox()}};
+  j = toJson(attached);
+  ASSERT_EQ(j["sandbox_infos"].size(), 1u);
+  EXPECT_EQ(j["sandbox_infos"][0]["id"], "n1-00ff");
+  EXPECT_EQ(toJson(DeletedSession{"run", 2}), (json{{"name", "run"}, {"destroyed", 2}}));
+  EXPECT_EQ(sessionListJson({s})["sessions"].size(), 1u);
+  EXPECT_EQ(sandboxListJson({})["sandboxes"], json::array());
+}
+
+TEST(BackendKind, NamesRoundTripAndUnknownNamesSayWhatIsKnown) {
+  for (auto kind : {backends::BackendKind::kContainer, backends::BackendKind::kFncall, backends::BackendKind::kMicrovm,
+                    backends::BackendKind::kVm}) {
+    auto parsed = backends::parseBackendKind(backends::backendKindName(kind));
+    ASSERT_OK(parsed);
+    EXPECT_EQ(*parsed, kind);
+  }
+  auto unknown = backends::parseBackendKind("docker");
+  ASSERT_ERROR(unknown, ErrorCode::kInvalidArgument);
+  EXPECT_NE(unknown.error().message().find("known: container, fncall, microvm, vm"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace dsec::launcher
