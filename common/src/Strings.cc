@@ -140,7 +140,22 @@ Result<std::string> readFile(const std::string& path) {
 }
 
 Result<std::string> readPrivateFile(const std::string& path) {
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NOCTTY | O_CLOEXEC));
+  // The directory is opened first and the file is opened relative to that fd, so the directory that was checked is
+  // the one the file came from: checking the parent by path after the open would let another user swap a
+  // directory they control in and out between the two steps.
+  size_t slash = path.find_last_of('/');
+  std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+  std::string name = slash == std::string::npos ? path : path.substr(slash + 1);
+  if (name.empty() || name == "." || name == "..") return Error(ErrorCode::kInvalidArgument, path + " names no file");
+  UniqueFd dir_fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!dir_fd) return Error::sys(errno, "open " + dir);
+  struct stat parent {};
+  if (::fstat(dir_fd.get(), &parent) != 0) return Error::sys(errno, "fstat " + dir);
+  bool others_may_replace = (parent.st_mode & 022) != 0 && (parent.st_mode & S_ISVTX) == 0;
+  if ((parent.st_uid != ::geteuid() && parent.st_uid != 0) || others_may_replace) {
+    return Error(ErrorCode::kConflict, "the directory of " + path + " may be changed by another user: refused");
+  }
+  UniqueFd fd(::openat(dir_fd.get(), name.c_str(), O_RDONLY | O_NOFOLLOW | O_NOCTTY | O_NONBLOCK | O_CLOEXEC));
   if (!fd) {
     if (errno == ELOOP) return Error(ErrorCode::kConflict, path + " is a symbolic link: refused");
     return Error::sys(errno, "open " + path);
@@ -150,14 +165,6 @@ Result<std::string> readPrivateFile(const std::string& path) {
   if (!S_ISREG(file.st_mode) || file.st_uid != ::geteuid() || (file.st_mode & 077) != 0) {
     return Error(ErrorCode::kConflict, path + " must be a regular file of uid " + std::to_string(::geteuid()) +
                                            " that no one else may read or write (mode 0600)");
-  }
-  size_t slash = path.find_last_of('/');
-  std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
-  struct stat parent {};
-  if (::stat(dir.c_str(), &parent) != 0) return Error::sys(errno, "stat " + dir);
-  bool others_may_replace = (parent.st_mode & 022) != 0 && (parent.st_mode & S_ISVTX) == 0;
-  if ((parent.st_uid != ::geteuid() && parent.st_uid != 0) || others_may_replace) {
-    return Error(ErrorCode::kConflict, "the directory of " + path + " may be changed by another user: refused");
   }
   return readAllOf(fd.get(), path);
 }

@@ -2,12 +2,15 @@
 // token file it reads), the fleet token (whoever knows it drives every sandbox), a node's state directory (its
 // token and the sandboxes' records). Each attack must be refused; a file that is really the user's own is read,
 // so a refusal of everything would fail too.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <stdio.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <string>
 #include <thread>
@@ -133,6 +136,48 @@ TEST(PrivateFiles, TheUsersOwnLooseDirectoryIsClosed) {
   struct stat st {};
   ASSERT_EQ(::stat(state.c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0700u);
+}
+
+// The attacker owns a loose directory holding a 0600 file of the user's (say, one the user copied there) and keeps
+// swapping it with the user's private directory under the path the user reads. A reader that opened the file and
+// then checked the parent by path could read the loose copy and pass the check on the private one. Whatever the
+// timing, what is read must be the private copy or a refusal.
+TEST(PrivateFiles, SwappingTheDirectoryDuringTheReadNeverPassesTheLooseCopy) {
+  dsec::testing::TempDir dir;
+  std::string current = dir.path() + "/current";
+  std::string other = dir.path() + "/other";
+  ASSERT_OK(makeDirs(current, 0700));
+  ASSERT_OK(makeDirs(other, 0700));
+  ASSERT_EQ(::chmod(other.c_str(), 0777), 0);
+  ASSERT_OK(writeFileAtomic(current + "/token", "private", 0600));
+  ASSERT_OK(writeFileAtomic(other + "/token", "planted", 0600));
+
+  std::atomic<bool> stop{false};
+  std::atomic<long> swaps{0};
+  std::thread swapper([&] {
+    while (!stop.load()) {
+      if (::renameat2(AT_FDCWD, current.c_str(), AT_FDCWD, other.c_str(), RENAME_EXCHANGE) == 0) ++swaps;
+    }
+  });
+  int read_private = 0;
+  int refused = 0;
+  int planted = 0;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+  while (std::chrono::steady_clock::now() < deadline) {
+    auto read = readPrivateFile(current + "/token");
+    if (!read.ok()) {
+      ++refused;
+    } else if (*read == "private") {
+      ++read_private;
+    } else {
+      ++planted;
+    }
+  }
+  stop = true;
+  swapper.join();
+  EXPECT_EQ(planted, 0) << "the loose copy was read " << planted << " times";
+  EXPECT_GT(swaps.load(), 0);
+  EXPECT_GT(read_private, 0) << "refused " << refused << " reads and read none";
 }
 
 }  // namespace
