@@ -5,6 +5,7 @@
 #include <set>
 #include <string>
 
+#include "dsec/backends/fncall/FunctionService.h"
 #include "dsec/launcher/api/NodeJson.h"
 #include "dsec/testing/TestSupport.h"
 
@@ -138,6 +139,27 @@ TEST(NodeJson, TheNodeHasExactlyTheFieldsOfTheApi) {
   EXPECT_EQ(keysOf(toJson(node)["qos"]),
             (std::set<std::string>{"enabled", "exclusive_pool", "cores", "numa_domains", "dedicated_cores",
                                    "free_dedicated_cores", "shared_cpuset", "latency_sandboxes", "batch_sandboxes"}));
+}
+
+TEST(NodeJson, TheFncallReportHasExactlyTheFieldsOfTheApi) {
+  backends::fncall::FncallStats stats;
+  stats.max_workers = 8;
+  stats.workers = 2;
+  stats.calls = 7;
+  stats.pools.push_back({"debian:12", backends::fncall::Language::kBash, 1, 1, 0, 0, 7, std::nullopt});
+  json j = toJson(stats, "debian:12");
+  EXPECT_EQ(keysOf(j),
+            (std::set<std::string>{"max_workers", "default_image", "workers", "idle", "busy", "creating", "calls",
+                                   "errors", "timeouts", "oom_kills", "rejected", "workers_created",
+                                   "worker_create_failures", "workers_replaced", "workers_shrunk", "pools"}));
+  EXPECT_EQ(j["max_workers"], 8);
+  EXPECT_EQ(j["default_image"], "debian:12");
+  ASSERT_EQ(j["pools"].size(), 1u);
+  EXPECT_EQ(keysOf(j["pools"][0]),
+            (std::set<std::string>{"image", "language", "idle", "busy", "creating", "waiting", "calls"}));
+  EXPECT_EQ(j["pools"][0]["language"], "bash");
+  stats.pools[0].last_error = "no such image";
+  EXPECT_EQ(toJson(stats, "debian:12")["pools"][0]["last_error"], "no such image");
 }
 
 TEST(NodeJson, SessionsAttachAndDelete) {

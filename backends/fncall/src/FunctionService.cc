@@ -79,7 +79,7 @@ class Service : public FunctionService {
 
   Result<ExecResult> call(const CallRequest& request) override;
   Result<ExecResult> callOnce(const CallRequest& request, bool* started);
-  nlohmann::json stats() override;
+  FncallStats stats() override;
   void renderMetrics(std::string* out) override;
   void shutdown() override;
 
@@ -369,69 +369,61 @@ void Service::shutdown() {
   stopped_ = true;
 }
 
-nlohmann::json Service::stats() {
+FncallStats Service::stats() {
   std::lock_guard lock(mu_);
-  nlohmann::json pools = nlohmann::json::array();
-  int idle = 0, busy = 0, creating = 0;
+  FncallStats s;
   for (const auto& [key, pool] : pools_) {
-    idle += static_cast<int>(pool.idle.size());
-    busy += pool.busy;
-    creating += pool.creating;
-    nlohmann::json p = {{"image", key.image},        {"language", languageName(key.language)},
-                        {"idle", pool.idle.size()},  {"busy", pool.busy},
-                        {"creating", pool.creating}, {"waiting", pool.waiting},
-                        {"calls", pool.calls}};
-    if (pool.last_error) p["last_error"] = pool.last_error->message();
-    pools.push_back(std::move(p));
+    FncallPoolStats p;
+    p.image = key.image;
+    p.language = key.language;
+    p.idle = static_cast<int>(pool.idle.size());
+    p.busy = pool.busy;
+    p.creating = pool.creating;
+    p.waiting = pool.waiting;
+    p.calls = pool.calls;
+    if (pool.last_error) p.last_error = pool.last_error->message();
+    s.idle += p.idle;
+    s.busy += p.busy;
+    s.creating += p.creating;
+    s.pools.push_back(std::move(p));
   }
-  return {{"max_workers", options_.max_workers},
-          {"workers", total_},
-          {"idle", idle},
-          {"busy", busy},
-          {"creating", creating},
-          {"calls", calls_},
-          {"errors", errors_},
-          {"timeouts", timeouts_},
-          {"oom_kills", ooms_},
-          {"rejected", rejected_},
-          {"workers_created", created_},
-          {"worker_create_failures", create_failures_},
-          {"workers_replaced", replaced_},
-          {"workers_shrunk", shrunk_},
-          {"pools", std::move(pools)}};
+  s.max_workers = options_.max_workers;
+  s.workers = total_;
+  s.calls = calls_;
+  s.errors = errors_;
+  s.timeouts = timeouts_;
+  s.oom_kills = ooms_;
+  s.rejected = rejected_;
+  s.workers_created = created_;
+  s.worker_create_failures = create_failures_;
+  s.workers_replaced = replaced_;
+  s.workers_shrunk = shrunk_;
+  s.call_seconds = call_seconds_;
+  return s;
 }
 
 void Service::renderMetrics(std::string* out) {
-  nlohmann::json s = stats();
-  double seconds;
-  {
-    std::lock_guard lock(mu_);
-    seconds = call_seconds_;
-  }
+  FncallStats s = stats();
   auto counter = [&](const char* name, const char* help, uint64_t value) {
     prometheus::counter(out, name, help, value);
   };
-  counter("dsec_fncall_calls_total", "Function calls received.", s["calls"].get<uint64_t>());
-  counter("dsec_fncall_call_errors_total", "Function calls that failed (no result).", s["errors"].get<uint64_t>());
-  counter("dsec_fncall_timeouts_total", "Function calls killed at their timeout.", s["timeouts"].get<uint64_t>());
-  counter("dsec_fncall_oom_kills_total", "Function calls killed at their memory limit.",
-          s["oom_kills"].get<uint64_t>());
-  counter("dsec_fncall_rejected_total", "Function calls rejected for lack of a free worker.",
-          s["rejected"].get<uint64_t>());
-  counter("dsec_fncall_workers_created_total", "Workers started.", s["workers_created"].get<uint64_t>());
-  counter("dsec_fncall_worker_create_failures_total", "Workers that failed to start.",
-          s["worker_create_failures"].get<uint64_t>());
-  counter("dsec_fncall_workers_replaced_total", "Workers destroyed after dying or failing.",
-          s["workers_replaced"].get<uint64_t>());
-  counter("dsec_fncall_workers_shrunk_total", "Idle workers destroyed to shrink a pool.",
-          s["workers_shrunk"].get<uint64_t>());
+  counter("dsec_fncall_calls_total", "Function calls received.", s.calls);
+  counter("dsec_fncall_call_errors_total", "Function calls that failed (no result).", s.errors);
+  counter("dsec_fncall_timeouts_total", "Function calls killed at their timeout.", s.timeouts);
+  counter("dsec_fncall_oom_kills_total", "Function calls killed at their memory limit.", s.oom_kills);
+  counter("dsec_fncall_rejected_total", "Function calls rejected for lack of a free worker.", s.rejected);
+  counter("dsec_fncall_workers_created_total", "Workers started.", s.workers_created);
+  counter("dsec_fncall_worker_create_failures_total", "Workers that failed to start.", s.worker_create_failures);
+  counter("dsec_fncall_workers_replaced_total", "Workers destroyed after dying or failing.", s.workers_replaced);
+  counter("dsec_fncall_workers_shrunk_total", "Idle workers destroyed to shrink a pool.", s.workers_shrunk);
   prometheus::family(out, "dsec_fncall_workers", "gauge", "Workers by state.");
-  for (const char* state : {"idle", "busy", "creating"}) {
-    prometheus::sample(out, "dsec_fncall_workers", {{"state", state}}, prometheus::number(s[state].get<int>()));
+  for (auto [state, count] :
+       {std::pair{"idle", s.idle}, std::pair{"busy", s.busy}, std::pair{"creating", s.creating}}) {
+    prometheus::sample(out, "dsec_fncall_workers", {{"state", state}}, prometheus::number(count));
   }
   prometheus::family(out, "dsec_fncall_call_seconds", "summary", "Time from receiving a call to its result.");
-  prometheus::sample(out, "dsec_fncall_call_seconds_sum", std::to_string(seconds));
-  prometheus::sample(out, "dsec_fncall_call_seconds_count", prometheus::number(s["calls"].get<uint64_t>()));
+  prometheus::sample(out, "dsec_fncall_call_seconds_sum", std::to_string(s.call_seconds));
+  prometheus::sample(out, "dsec_fncall_call_seconds_count", prometheus::number(s.calls));
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include "dsec/launcher/api/NodeJson.h"
 
+#include "dsec/backends/fncall/FunctionService.h"
 #include "dsec/launcher/node/NodeAgent.h"
 
 namespace dsec::launcher {
@@ -158,14 +159,35 @@ json toJson(const NodeInfo& info) {
       {"qos", info.qos ? cpuQosJson(*info.qos) : json(nullptr)}};
 }
 
-json fncallJson(NodeFncall& fncall) {
-  json j = fncall.stats();
-  if (j.is_object()) {
-    j["default_image"] = fncall.defaultImage();
-    j["max_workers"] = fncall.maxWorkers();
+json toJson(const backends::fncall::FncallStats& s, const std::string& default_image) {
+  json pools = json::array();
+  for (const backends::fncall::FncallPoolStats& p : s.pools) {
+    json pool = {{"image", p.image},       {"language", backends::fncall::languageName(p.language)},
+                 {"idle", p.idle},         {"busy", p.busy},
+                 {"creating", p.creating}, {"waiting", p.waiting},
+                 {"calls", p.calls}};
+    if (p.last_error) pool["last_error"] = *p.last_error;
+    pools.push_back(std::move(pool));
   }
-  return j;
+  return {{"max_workers", s.max_workers},
+          {"default_image", default_image},
+          {"workers", s.workers},
+          {"idle", s.idle},
+          {"busy", s.busy},
+          {"creating", s.creating},
+          {"calls", s.calls},
+          {"errors", s.errors},
+          {"timeouts", s.timeouts},
+          {"oom_kills", s.oom_kills},
+          {"rejected", s.rejected},
+          {"workers_created", s.workers_created},
+          {"worker_create_failures", s.worker_create_failures},
+          {"workers_replaced", s.workers_replaced},
+          {"workers_shrunk", s.workers_shrunk},
+          {"pools", std::move(pools)}};
 }
+
+json fncallJson(NodeFncall& fncall) { return toJson(fncall.stats(), fncall.defaultImage()); }
 
 json toJson(const Session& s) {
   return json{{"name", s.name},

@@ -94,7 +94,7 @@ Result<ExecResult> NodeFncall::call(backends::fncall::CallRequest request) {
   return service_->call(request);
 }
 
-nlohmann::json NodeFncall::stats() { return service_->stats(); }
+backends::fncall::FncallStats NodeFncall::stats() { return service_->stats(); }
 
 void NodeFncall::renderMetrics(std::string* out) { service_->renderMetrics(out); }
 

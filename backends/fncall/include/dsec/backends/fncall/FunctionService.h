@@ -11,9 +11,10 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "dsec/backends/Sandbox.h"
 #include "dsec/common/Result.h"
@@ -75,6 +76,38 @@ struct FunctionServiceOptions {
   std::string python = "python3";  // the interpreter running the zygote, looked up on the image's PATH
 };
 
+// One pool of warm workers: those of one (image, language).
+struct FncallPoolStats {
+  std::string image;
+  Language language = Language::kPython;
+  int idle = 0;
+  int busy = 0;
+  int creating = 0;
+  int waiting = 0;  // calls waiting for a worker of this pool
+  uint64_t calls = 0;
+  std::optional<std::string> last_error;  // why the last worker start failed, while failures continue
+};
+
+// The service's workers and what its calls came to, since start.
+struct FncallStats {
+  int max_workers = 0;
+  int workers = 0;  // idle + busy + creating
+  int idle = 0;
+  int busy = 0;
+  int creating = 0;
+  uint64_t calls = 0;
+  uint64_t errors = 0;  // calls with no result
+  uint64_t timeouts = 0;
+  uint64_t oom_kills = 0;
+  uint64_t rejected = 0;  // no worker freed up in time
+  uint64_t workers_created = 0;
+  uint64_t worker_create_failures = 0;
+  uint64_t workers_replaced = 0;
+  uint64_t workers_shrunk = 0;
+  double call_seconds = 0;  // summed over calls, receipt to result
+  std::vector<FncallPoolStats> pools;
+};
+
 class FunctionService {
  public:
   static Result<std::unique_ptr<FunctionService>> start(const FunctionServiceOptions& options,
@@ -84,7 +117,7 @@ class FunctionService {
   // Runs one call. Invalid requests are kInvalidArgument; no worker in time is kResourceExhausted.
   virtual Result<ExecResult> call(const CallRequest& request) = 0;
   // Pools, workers (idle/busy), calls, replacements, capacity rejections: for /v1/node and metrics.
-  virtual nlohmann::json stats() = 0;
+  virtual FncallStats stats() = 0;
   // Prometheus lines (dsec_fncall_*).
   virtual void renderMetrics(std::string* out) = 0;
   // Destroys every worker sandbox. Idempotent; also done by the destructor.

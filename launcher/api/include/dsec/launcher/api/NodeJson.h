@@ -3,6 +3,7 @@
 #pragma once
 
 #include <nlohmann/json.hpp>
+#include <string>
 #include <vector>
 
 #include "dsec/launcher/node/Infos.h"
@@ -15,7 +16,8 @@ nlohmann::json toJson(const SandboxInfo& info);
 nlohmann::json sandboxListJson(const std::vector<SandboxInfo>& infos);
 // GET /v1/node as the core sees it; the API server adds its own parts (output budget, HTTP, fncall stats).
 nlohmann::json toJson(const NodeInfo& info);
-// The fncall service's report with the node's default image and worker limit.
+// The fncall service's report ("fncall" of GET /v1/node), with the image a call that names none runs on.
+nlohmann::json toJson(const backends::fncall::FncallStats& stats, const std::string& default_image);
 nlohmann::json fncallJson(NodeFncall& fncall);
 
 nlohmann::json toJson(const Session& session);

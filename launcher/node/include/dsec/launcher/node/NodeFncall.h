@@ -5,7 +5,6 @@
 #pragma once
 
 #include <memory>
-#include <nlohmann/json.hpp>
 #include <string>
 
 #include "dsec/backends/Sandbox.h"
@@ -15,6 +14,7 @@
 
 namespace dsec::backends::fncall {
 struct CallRequest;
+struct FncallStats;
 class FunctionService;
 }  // namespace dsec::backends::fncall
 
@@ -46,12 +46,11 @@ class NodeFncall {
   // kNotFound naming it and how to build it; no worker in time is kResourceExhausted.
   Result<backends::ExecResult> call(backends::fncall::CallRequest request);
   // The function service's own report of its pools and calls (FunctionService::stats).
-  nlohmann::json stats();
+  backends::fncall::FncallStats stats();
   void renderMetrics(std::string* out);
   // Destroys every worker sandbox. Idempotent.
   void shutdown();
   const std::string& defaultImage() const { return options_.image; }
-  int maxWorkers() const { return options_.max_workers; }
 
  private:
   NodeFncall(const FncallOptions& options, std::string node_name, ImageSource* images);
