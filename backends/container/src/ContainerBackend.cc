@@ -21,6 +21,7 @@
 #include "InitProtocol.h"
 #include "SeccompFilter.h"
 #include "Spawn.h"
+#include "dsec/backends/BackendKind.h"
 #include "dsec/common/Fault.h"
 #include "dsec/common/FdIo.h"
 #include "dsec/common/Logging.h"
@@ -253,7 +254,7 @@ class ContainerBackend : public Backend {
       : shared_(std::move(shared)),
         init_pool_(static_cast<size_t>(std::max(0, shared_->options.init_pool_size)), initKind(NetworkMode::kNone)) {}
 
-  std::string name() const override { return "container"; }
+  std::string name() const override { return backendKindName(BackendKind::kContainer); }
 
   std::vector<std::string> missingFeatures() const override {
     std::vector<std::string> missing;
@@ -358,6 +359,10 @@ class ContainerBackend : public Backend {
     uint64_t start_time;
     std::string cgroup_name;
     bool paused;
+    // A record another backend wrote (the "backend" key is older than this check, so every record has it).
+    if (state.value("backend", "") != backendKindName(BackendKind::kContainer)) {
+      return Error::invalid("not a container sandbox state: backend " + state.value("backend", std::string("(none)")));
+    }
     try {
       pid = state.at("init_pid").get<pid_t>();
       start_time = state.at("init_start_time").get<uint64_t>();

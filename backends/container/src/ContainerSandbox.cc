@@ -231,7 +231,7 @@ Status ContainerSandbox::destroy() {
     std::unique_lock lock(mu_);
     idle_.wait(lock, [&] { return users_ == 0; });
   }
-  root_fd_.reset();  // the last reference to the overlay and its upper: the memory goes back now
+  root_fd_.reset();    // the last reference to the overlay and its upper: the memory goes back now
   procs_fds_.clear();  // no command is being started any more (no users)
   // Normally the namespace died with its init and the cgroup is empty already; killAll (a freeze/kill/thaw
   // cycle on v1, which patches kernel text on every freeze) is only for stragglers.
@@ -347,7 +347,7 @@ Result<SandboxUsage> ContainerSandbox::usage() {
 
 nlohmann::json ContainerSandbox::persistentState() const {
   std::lock_guard lock(mu_);
-  return {{"backend", "container"},
+  return {{"backend", backendKindName(BackendKind::kContainer)},
           {"id", spec_.id},
           {"init_pid", init_.pid},
           {"init_start_time", init_.start_time},

@@ -17,6 +17,7 @@
 #include "EgressNetwork.h"
 #include "Spawn.h"
 #include "UserNamespace.h"
+#include "dsec/backends/BackendKind.h"
 #include "dsec/backends/Sandbox.h"
 #include "dsec/backends/container/ContainerBackend.h"
 #include "dsec/backends/container/SandboxPolicy.h"
@@ -58,7 +59,7 @@ class ContainerSandbox : public Sandbox {
 
   const SandboxSpec& spec() const override { return spec_; }
   SandboxState state() const override;
-  std::string backendName() const override { return "container"; }
+  std::string backendName() const override { return backendKindName(BackendKind::kContainer); }
 
   Result<ExecResult> exec(const ExecRequest& request) override;
   Result<ExecResult> execStream(const ExecRequest& request, ExecSink& sink) override;

@@ -136,6 +136,10 @@ TEST_F(ContainerTest, AdoptAfterAgentRestart) {
   ASSERT_OK(leftovers);
   EXPECT_NE(std::find(leftovers->begin(), leftovers->end(), spec.id), leftovers->end());
 
+  // A record of another backend is not taken for this one's, however container-like it looks.
+  nlohmann::json foreign = state;
+  foreign["backend"] = "simulated";
+  ASSERT_ERROR(backend_->adopt(foreign), ErrorCode::kInvalidArgument);
   auto adopted = backend_->adopt(nlohmann::json::parse(state.dump()));
   ASSERT_OK(adopted);
   auto& sb = **adopted;
