@@ -17,6 +17,7 @@ namespace {
 
 using nlohmann::json;
 namespace http = boost::beast::http;
+using client::call;
 constexpr const char* kToken = "fleet-token";
 
 class CallNode : public RequestHandler {
@@ -81,11 +82,11 @@ class GatewayCallTest : public ::testing::Test {
     server_->stop();
     for (auto& [n, node] : nodes_) node->stop();
   }
-  fleet::HttpReply post(const std::string& code) {
-    auto r = fleet::call(server_->endpoint(), http::verb::post, "/v1/call", kToken, json{{"code", code}}.dump(),
-                         fleet::CallOptions{});
+  client::HttpReply post(const std::string& code) {
+    auto r = client::call(server_->endpoint(), http::verb::post, "/v1/call", kToken, json{{"code", code}}.dump(),
+                          client::CallOptions{});
     EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().message());
-    return r.ok() ? *r : fleet::HttpReply{};
+    return r.ok() ? *r : client::HttpReply{};
   }
 
   std::unique_ptr<Gateway> gateway_;
@@ -128,7 +129,7 @@ TEST_F(GatewayCallTest, NoNodeWithFncallIs501AndOnlyPostIsAllowed) {
   ASSERT_OK(gateway_->removeNode("n2"));
   auto r = post("z");
   EXPECT_EQ(r.status, 501) << r.body;
-  auto get = fleet::call(server_->endpoint(), http::verb::get, "/v1/call", kToken, "", fleet::CallOptions{});
+  auto get = client::call(server_->endpoint(), http::verb::get, "/v1/call", kToken, "", client::CallOptions{});
   ASSERT_OK(get);
   EXPECT_EQ(get->status, 405);
 }

@@ -22,6 +22,7 @@ namespace {
 
 using nlohmann::json;
 namespace http = boost::beast::http;
+using client::call;
 constexpr const char* kToken = "fleet-token";
 
 // Answers like a node agent: creates, info, exec/stream, file uploads, sessions, /v1/node.
@@ -165,13 +166,13 @@ class GatewayTest : public ::testing::Test {
     for (auto& [n, node] : nodes_) node->stop();
   }
 
-  fleet::HttpReply call(http::verb method, const std::string& target, const std::string& body = "",
-                        const std::string& token = kToken) {
-    fleet::CallOptions o;
+  client::HttpReply call(http::verb method, const std::string& target, const std::string& body = "",
+                         const std::string& token = kToken) {
+    client::CallOptions o;
     o.io_timeout_ms = 10000;
-    auto r = fleet::call(server_->endpoint(), method, target, token, body, o);
+    auto r = client::call(server_->endpoint(), method, target, token, body, o);
     EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().message());
-    return r.ok() ? *r : fleet::HttpReply{};
+    return r.ok() ? *r : client::HttpReply{};
   }
   std::string create(const std::string& extra = "") {
     auto r = call(http::verb::post, "/v1/sandboxes", R"({"image":"x:1","cpus":0.5)" + extra + "}");
@@ -198,7 +199,7 @@ TEST(GatewayPure, NodeSpecIsValidated) {
   EXPECT_FALSE(parseNodeSpec(json{{"name", "N_1"}, {"endpoint", "http://10.0.0.1:80"}}).ok());
   EXPECT_FALSE(parseNodeSpec(json{{"name", "n1"}, {"endpoint", "10.0.0.1"}}).ok());
   EXPECT_FALSE(parseNodeSpec(json{{"endpoint", "http://10.0.0.1:80"}}).ok());
-  auto ep = fleet::parseEndpoint("http://[::1]:8470/");
+  auto ep = dsec::parseEndpoint("http://[::1]:8470/");
   ASSERT_OK(ep);
   EXPECT_EQ(ep->host, "::1");
   EXPECT_EQ(ep->port, 8470);
@@ -209,8 +210,8 @@ TEST_F(GatewayTest, NeedsTheFleetToken) {
   EXPECT_EQ(call(http::verb::get, "/healthz", "", "").status, 200);
   // The scheme in any case and blanks around the token, as the node accepts them (one check for both).
   auto status_line = [&](const std::string& authorization) {
-    fleet::CallOptions o;
-    auto fd = fleet::connectTo(server_->endpoint(), o);
+    client::CallOptions o;
+    auto fd = client::connectTo(server_->endpoint(), o);
     EXPECT_OK(fd);
     if (!fd.ok()) return std::string();
     std::string req =
@@ -279,8 +280,8 @@ TEST_F(GatewayTest, StreamsExecOutputAndFileBodies) {
             "{\"stdout\":\"0\\n\"}\n{\"stdout\":\"1\\n\"}\n{\"stdout\":\"2\\n\"}\n{\"done\":true,\"exit_code\":0}\n");
   {
     // Line by line: the first output reaches the client long before the command ends (150 ms).
-    fleet::CallOptions o;
-    auto fd = fleet::connectTo(server_->endpoint(), o);
+    client::CallOptions o;
+    auto fd = client::connectTo(server_->endpoint(), o);
     ASSERT_OK(fd);
     std::string req = "POST /v1/sandboxes/" + id + "/exec/stream HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " +
                       kToken + "\r\nContent-Length: 2\r\n\r\n{}";

@@ -25,16 +25,17 @@ namespace {
 
 using nlohmann::json;
 namespace http = boost::beast::http;
+using client::call;
 
-fleet::HttpReply mustCall(const std::string& endpoint, http::verb method, const std::string& target,
-                          const std::string& token, const std::string& body = "",
-                          fleet::ConnectionPool* pool = nullptr) {
-  fleet::CallOptions o;
+client::HttpReply mustCall(const std::string& endpoint, http::verb method, const std::string& target,
+                           const std::string& token, const std::string& body = "",
+                           client::ConnectionPool* pool = nullptr) {
+  client::CallOptions o;
   o.io_timeout_ms = 20000;
   o.pool = pool;
-  auto r = fleet::call(endpoint, method, target, token, body, o);
+  auto r = client::call(endpoint, method, target, token, body, o);
   EXPECT_TRUE(r.ok()) << method << " " << target << ": " << (r.ok() ? "" : r.error().message());
-  return r.ok() ? *r : fleet::HttpReply{};
+  return r.ok() ? *r : client::HttpReply{};
 }
 
 // A simulated node on its own root, with the given token (the fleet's) written where the node reads it.
@@ -131,12 +132,12 @@ TEST(SimulatedFleet, EveryCreateThroughTheGatewaySucceedsAndSpreads) {
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&] {
-      fleet::ConnectionPool client_pool;  // the client's own keep-alive connection, like the bench's
+      client::ConnectionPool client_pool;  // the client's own keep-alive connection, like the bench's
       for (int i = 0; i < kPerThread; ++i) {
-        fleet::CallOptions o;
+        client::CallOptions o;
         o.io_timeout_ms = 20000;
         o.pool = &client_pool;
-        auto r = fleet::call(gw, http::verb::post, "/v1/sandboxes", token, R"({"image":"x:1","cpus":0.5})", o);
+        auto r = client::call(gw, http::verb::post, "/v1/sandboxes", token, R"({"image":"x:1","cpus":0.5})", o);
         std::lock_guard lock(mu);
         if (!r.ok() || r->status != 201) {
           ++failures;
@@ -194,7 +195,7 @@ TEST(ConnectionPool, ReusesOneConnectionPerNodeAndSurvivesARestart) {
   auto server = HttpServer::start(o, &handler);
   ASSERT_OK(server);
   std::string ep = (*server)->endpoint();
-  fleet::ConnectionPool pool;
+  client::ConnectionPool pool;
   for (int i = 0; i < 20; ++i) EXPECT_EQ(mustCall(ep, http::verb::post, "/x", "t", "{}", &pool).status, 200);
   EXPECT_EQ(pool.reused(), 19u);
   EXPECT_EQ(pool.idle(ep), 1u);
@@ -217,10 +218,10 @@ TEST(ConnectionPool, ReusesOneConnectionPerNodeAndSurvivesARestart) {
 
   // A node that is gone: the error says so, nothing is kept.
   (*again)->stop();
-  fleet::CallOptions co;
+  client::CallOptions co;
   co.pool = &pool;
   co.connect_timeout_ms = 2000;
-  auto gone = fleet::call(ep, http::verb::get, "/x", "t", "", co);
+  auto gone = client::call(ep, http::verb::get, "/x", "t", "", co);
   EXPECT_FALSE(gone.ok());
   EXPECT_EQ(pool.idle(ep), 0u);
   pool.drop(ep);

@@ -24,9 +24,10 @@ constexpr size_t kHeldBackLimit = size_t{1} << 20;
 
 }  // namespace
 
-Status forward(HttpExchange& ex, const std::string& endpoint, const std::string& token, const CallOptions& options,
-               const std::string* pre_read_body, int hold_back_status, std::optional<HttpReply>* held_back) {
-  DSEC_ASSIGN_OR_RETURN(auto fd, connectTo(endpoint, options));
+Status forward(HttpExchange& ex, const std::string& endpoint, const std::string& token,
+               const client::CallOptions& options, const std::string* pre_read_body, int hold_back_status,
+               std::optional<client::HttpReply>* held_back) {
+  DSEC_ASSIGN_OR_RETURN(auto fd, client::connectTo(endpoint, options));
   DSEC_ASSIGN_OR_RETURN(auto ep, parseEndpoint(endpoint));
   SocketStream stream(fd.get(), options.abort_fd, options.io_timeout_ms);
   boost::system::error_code ec;
@@ -53,7 +54,7 @@ Status forward(HttpExchange& ex, const std::string& endpoint, const std::string&
   }
   http::request_serializer<http::empty_body> sr{req};
   http::write_header(stream, sr, ec);
-  if (ec) return transportError(endpoint, "sending to", ec);
+  if (ec) return client::transportError(endpoint, "sending to", ec);
   bool upstream_write_failed = false;
   if (pre_read_body && !pre_read_body->empty()) {
     net::write(stream, net::buffer(*pre_read_body), ec);
@@ -87,7 +88,7 @@ Status forward(HttpExchange& ex, const std::string& endpoint, const std::string&
   http::read_header(stream, buffer, parser, ec);
   if (ec) {
     if (ex.bodyPending()) ex.forceClose();
-    return transportError(endpoint, upstream_write_failed ? "sending to" : "reading the answer of", ec);
+    return client::transportError(endpoint, upstream_write_failed ? "sending to" : "reading the answer of", ec);
   }
   const auto& head = parser.get().base();
   std::string content_type = "application/octet-stream";
@@ -99,25 +100,25 @@ Status forward(HttpExchange& ex, const std::string& endpoint, const std::string&
   if (parser.is_done()) length = 0;
   if (held_back != nullptr && static_cast<int>(head.result_int()) == hold_back_status) {
     // An answer the caller may try elsewhere (a 429): kept, small, and not relayed.
-    HttpReply reply;
+    client::HttpReply reply;
     reply.status = hold_back_status;
-    reply.headers = relayedHeaders(head);
+    reply.headers = client::relayedHeaders(head);
     reply.headers.emplace_back("Content-Type", content_type);
     bool too_large = false;
-    ec = readBodyPieces(stream, buffer, parser, [&](const char* data, size_t n) {
+    ec = client::readBodyPieces(stream, buffer, parser, [&](const char* data, size_t n) {
       reply.body.append(data, n);
       too_large = reply.body.size() > kHeldBackLimit;
       return !too_large;
     });
-    if (ec) return transportError(endpoint, "reading the answer of", ec);
+    if (ec) return client::transportError(endpoint, "reading the answer of", ec);
     if (too_large) return Error(ErrorCode::kUnavailable, "the answer of " + endpoint + " is too large for a refusal");
     *held_back = std::move(reply);
     return okStatus();
   }
-  if (!ex.beginStream(static_cast<int>(head.result_int()), content_type, length, relayedHeaders(head)))
+  if (!ex.beginStream(static_cast<int>(head.result_int()), content_type, length, client::relayedHeaders(head)))
     return okStatus();
   bool client_gone = false;
-  ec = readBodyPieces(stream, buffer, parser, [&](const char* data, size_t n) {
+  ec = client::readBodyPieces(stream, buffer, parser, [&](const char* data, size_t n) {
     client_gone = !ex.writeStream(data, n);
     return !client_gone;
   });
@@ -154,10 +155,10 @@ void NodeRegistrar::stop() {
 
 json NodeRegistrar::registration(bool draining) {
   json backends = json::array({dsec::backends::backendKindName(dsec::backends::BackendKind::kContainer)});
-  CallOptions o;
+  client::CallOptions o;
   o.connect_timeout_ms = 1000;
   o.io_timeout_ms = 2000;
-  if (auto r = call(options_.endpoint, http::verb::get, "/v1/node", options_.token, "", o);
+  if (auto r = client::call(options_.endpoint, http::verb::get, "/v1/node", options_.token, "", o);
       r.ok() && r->status == 200) {
     auto info = r->json();
     if (info.is_object() && info.contains("backends")) backends = info["backends"];
@@ -165,7 +166,7 @@ json NodeRegistrar::registration(bool draining) {
   // The node's committed CPUs and memory (its GET /v1/node has no CPU figure), so the gateway places on the
   // node's books rather than its own guesses, also right after a gateway restart.
   json committed = nullptr;
-  if (auto r = call(options_.endpoint, http::verb::get, "/v1/sandboxes", options_.token, "", o);
+  if (auto r = client::call(options_.endpoint, http::verb::get, "/v1/sandboxes", options_.token, "", o);
       r.ok() && r->status == 200) {
     auto list = r->json();
     if (list.is_object() && list.contains("sandboxes")) {
@@ -191,11 +192,11 @@ Status NodeRegistrar::registerOnce() {
     std::lock_guard lock(mu_);
     draining = draining_;
   }
-  CallOptions o;
+  client::CallOptions o;
   o.connect_timeout_ms = 1000;
   o.io_timeout_ms = 3000;
-  DSEC_ASSIGN_OR_RETURN(auto reply, call(options_.gateway, http::verb::post, "/v1/fleet/nodes", options_.token,
-                                         registration(draining).dump(), o));
+  DSEC_ASSIGN_OR_RETURN(auto reply, client::call(options_.gateway, http::verb::post, "/v1/fleet/nodes", options_.token,
+                                                 registration(draining).dump(), o));
   if (reply.status != 200 && reply.status != 201) {
     return Error(ErrorCode::kUnavailable, "gateway " + options_.gateway + " refused the registration (" +
                                               std::to_string(reply.status) + "): " + reply.body);
@@ -223,10 +224,10 @@ void NodeRegistrar::loop() {
 }
 
 int64_t NodeRegistrar::ownSandboxCount() {
-  CallOptions o;
+  client::CallOptions o;
   o.connect_timeout_ms = 1000;
   o.io_timeout_ms = 2000;
-  auto r = call(options_.endpoint, http::verb::get, "/v1/node", options_.token, "", o);
+  auto r = client::call(options_.endpoint, http::verb::get, "/v1/node", options_.token, "", o);
   if (!r.ok() || r->status != 200) return -1;
   auto info = r->json();
   return info.is_object() ? info.value("sandboxes", int64_t{-1}) : -1;
@@ -249,10 +250,10 @@ int64_t NodeRegistrar::drain(double timeout_seconds) {
 
 void NodeRegistrar::deregister() {
   stop();
-  CallOptions o;
+  client::CallOptions o;
   o.connect_timeout_ms = 1000;
   o.io_timeout_ms = 2000;
-  (void)call(options_.gateway, http::verb::delete_, "/v1/fleet/nodes/" + options_.name, options_.token, "", o);
+  (void)client::call(options_.gateway, http::verb::delete_, "/v1/fleet/nodes/" + options_.name, options_.token, "", o);
 }
 
 }  // namespace dsec::launcher::fleet

@@ -44,7 +44,7 @@ Result<FleetNodeSpec> parseNodeSpec(const json& body) {
     spec.name = body.at("name").get<std::string>();
     spec.endpoint = body.at("endpoint").get<std::string>();
     DSEC_TRY(validateNodeName(spec.name));
-    DSEC_TRY(fleet::parseEndpoint(spec.endpoint));
+    DSEC_TRY(dsec::parseEndpoint(spec.endpoint));
     if (body.contains("capacity")) {
       const auto& cap = body["capacity"];
       spec.cpus = cap.value("cpus", 0.0);
@@ -211,15 +211,15 @@ void Gateway::probeAll() {
     std::lock_guard lock(mu_);
     for (const auto& [name, node] : nodes_) targets.emplace_back(name, node.spec.endpoint);
   }
-  fleet::CallOptions o;
+  client::CallOptions o;
   o.connect_timeout_ms = static_cast<int>(options_.probe_timeout_seconds * 1000);
   o.io_timeout_ms = o.connect_timeout_ms;
   o.pool = options_.pool_connections ? &pool_ : nullptr;
-  std::vector<std::future<Result<fleet::HttpReply>>> futures;
+  std::vector<std::future<Result<client::HttpReply>>> futures;
   for (const auto& target : targets) {
     const std::string& endpoint = target.second;
     futures.push_back(std::async(std::launch::async, [this, endpoint, o] {
-      return fleet::call(endpoint, http::verb::get, "/v1/node", options_.token, "", o);
+      return client::call(endpoint, http::verb::get, "/v1/node", options_.token, "", o);
     }));
   }
   double now = monotonicSeconds();
@@ -291,8 +291,8 @@ json Gateway::nodesJson() {
   return nodes;
 }
 
-fleet::CallOptions Gateway::callOptions(const NodeRef& node, int io_timeout_ms) const {
-  fleet::CallOptions o;
+client::CallOptions Gateway::callOptions(const NodeRef& node, int io_timeout_ms) const {
+  client::CallOptions o;
   o.connect_timeout_ms = options_.connect_timeout_ms;
   o.io_timeout_ms = io_timeout_ms;
   o.abort_fd = node.abort_fd ? node.abort_fd->get() : -1;
@@ -300,17 +300,17 @@ fleet::CallOptions Gateway::callOptions(const NodeRef& node, int io_timeout_ms) 
   return o;
 }
 
-std::vector<std::pair<Gateway::NodeRef, Result<fleet::HttpReply>>> Gateway::fanOut(http::verb method,
-                                                                                   const std::string& target,
-                                                                                   const std::string& body) {
+std::vector<std::pair<Gateway::NodeRef, Result<client::HttpReply>>> Gateway::fanOut(http::verb method,
+                                                                                    const std::string& target,
+                                                                                    const std::string& body) {
   auto nodes = liveNodes();
-  std::vector<std::future<Result<fleet::HttpReply>>> futures;
+  std::vector<std::future<Result<client::HttpReply>>> futures;
   for (const auto& n : nodes) {
     futures.push_back(std::async(std::launch::async, [this, n, method, target, body] {
-      return fleet::call(n.endpoint, method, target, options_.token, body, callOptions(n, 30000));
+      return client::call(n.endpoint, method, target, options_.token, body, callOptions(n, 30000));
     }));
   }
-  std::vector<std::pair<NodeRef, Result<fleet::HttpReply>>> out;
+  std::vector<std::pair<NodeRef, Result<client::HttpReply>>> out;
   for (size_t i = 0; i < nodes.size(); ++i) out.emplace_back(nodes[i], futures[i].get());
   return out;
 }

@@ -41,13 +41,13 @@ void Gateway::forwardCall(HttpExchange& ex) {
                         "no healthy node of fleet " + options_.fleet_name + " offers fncall (see GET /v1/node)");
   }
   size_t first = static_cast<size_t>(call_next_.fetch_add(1, std::memory_order_relaxed) % nodes.size());
-  std::optional<fleet::HttpReply> refusal;
+  std::optional<client::HttpReply> refusal;
   std::string failures;
   for (size_t i = 0; i < nodes.size(); ++i) {
     const NodeRef& node = nodes[(first + i) % nodes.size()];
     // The node's answer goes to the client as it arrives (a call's output can be tens of MiB once escaped):
     // the gateway never holds it whole. Only a 429 is held back, to try the next node.
-    std::optional<fleet::HttpReply> refused;
+    std::optional<client::HttpReply> refused;
     auto st =
         fleet::forward(ex, node.endpoint, options_.token, callOptions(node, kCallIoTimeoutMs), &*body, 429, &refused);
     if (!st.ok()) {

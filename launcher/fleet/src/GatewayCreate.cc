@@ -45,10 +45,10 @@ std::vector<placement::NodeId> Gateway::nodesWithoutDedicatedCores(double cpus) 
   return short_of_cores;
 }
 
-Result<fleet::HttpReply> Gateway::createOnNode(const NodeRef& ref, const std::string& body,
-                                               const std::string& session) {
-  auto reply = fleet::call(ref.endpoint, http::verb::post, "/v1/sandboxes", options_.token, body,
-                           callOptions(ref, kCreateTimeoutMs));
+Result<client::HttpReply> Gateway::createOnNode(const NodeRef& ref, const std::string& body,
+                                                const std::string& session) {
+  auto reply = client::call(ref.endpoint, http::verb::post, "/v1/sandboxes", options_.token, body,
+                            callOptions(ref, kCreateTimeoutMs));
   if (!reply.ok() || reply->status != 404 || session.empty()) return reply;
   // A node that joined after the session was created does not know it yet: create it there, then retry.
   std::string session_params;
@@ -57,14 +57,14 @@ Result<fleet::HttpReply> Gateway::createOnNode(const NodeRef& ref, const std::st
     if (auto it = sessions_.find(session); it != sessions_.end()) session_params = it->second;
   }
   if (session_params.empty()) return reply;
-  auto put = fleet::call(ref.endpoint, http::verb::put, "/v1/sessions/" + session, options_.token, session_params,
-                         callOptions(ref, kSessionPutTimeoutMs));
+  auto put = client::call(ref.endpoint, http::verb::put, "/v1/sessions/" + session, options_.token, session_params,
+                          callOptions(ref, kSessionPutTimeoutMs));
   if (!put.ok() || put->status != 200) return reply;
-  return fleet::call(ref.endpoint, http::verb::post, "/v1/sandboxes", options_.token, body,
-                     callOptions(ref, kCreateTimeoutMs));
+  return client::call(ref.endpoint, http::verb::post, "/v1/sandboxes", options_.token, body,
+                      callOptions(ref, kCreateTimeoutMs));
 }
 
-std::string Gateway::whyNodeRefused(const NodeRef& ref, const Result<fleet::HttpReply>& reply) {
+std::string Gateway::whyNodeRefused(const NodeRef& ref, const Result<client::HttpReply>& reply) {
   if (reply.ok()) return "node " + ref.name + " is full";
   DSEC_LOG(kWarn, kLog) << "create on " << ref.name << " failed, placing again: " << reply.error().message();
   watch_cv_.notify_all();  // the watcher probes it now rather than at its next round

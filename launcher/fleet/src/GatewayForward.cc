@@ -16,7 +16,7 @@ namespace http = boost::beast::http;
 
 }  // namespace
 
-void relayReply(HttpExchange& ex, const fleet::HttpReply& reply) {
+void relayReply(HttpExchange& ex, const client::HttpReply& reply) {
   std::string content_type = "application/json";
   HttpExchange::Fields extra;
   for (const auto& [k, v] : reply.headers) {
@@ -140,7 +140,7 @@ void Gateway::handleSessions(HttpExchange& ex, const std::vector<std::string>& s
   if (replies.empty()) return ex.sendError(503, "unavailable", "no live node in fleet " + options_.fleet_name);
   json unreachable = json::array();
   std::vector<json> ok_parts;
-  const fleet::HttpReply* first_error = nullptr;
+  const client::HttpReply* first_error = nullptr;
   for (auto& [node, reply] : replies) {
     if (!reply.ok()) {
       unreachable.push_back(node.name);

@@ -15,7 +15,6 @@
 #include <utility>
 #include <vector>
 
-#include "dsec/common/Endpoint.h"
 #include "dsec/common/Fd.h"
 #include "dsec/common/Result.h"
 #include "dsec/launcher/api/HttpClient.h"
@@ -23,29 +22,15 @@
 
 namespace dsec::launcher::fleet {
 
-// Endpoints are parsed by the one parser of common/Endpoint.h ("http://10.0.0.1:8470", "[::1]:1").
-using dsec::Endpoint;
-using dsec::parseEndpoint;
-
-// The HTTP client is the one of the API layer (api/HttpClient.h).
-using client::call;
-using client::CallOptions;
-using client::ConnectionPool;
-using client::connectTo;
-using client::HttpReply;
-using client::readBodyPieces;
-using client::relayedHeaders;
-using client::transportError;
-
 // Forwards the client's request in `ex` to the node and streams the node's answer back: bodies go through in
 // pieces (uploads, downloads, NDJSON exec output), never whole. `body` is used instead of reading `ex` when
 // the caller already read it (pre_read). Returns an error only when nothing was sent to the client yet (the
 // caller answers, e.g. 503); a failure midway ends the client's response early (the connection closes).
 // With held_back, an answer of status hold_back_status (a 429 the caller tries elsewhere) is read into it
 // (at most 1 MiB) instead of being relayed, and nothing is sent to the client.
-Status forward(HttpExchange& ex, const std::string& endpoint, const std::string& token, const CallOptions& options,
-               const std::string* pre_read_body = nullptr, int hold_back_status = 0,
-               std::optional<HttpReply>* held_back = nullptr);
+Status forward(HttpExchange& ex, const std::string& endpoint, const std::string& token,
+               const client::CallOptions& options, const std::string* pre_read_body = nullptr, int hold_back_status = 0,
+               std::optional<client::HttpReply>* held_back = nullptr);
 
 // A node's registration with the gateway: POST /v1/fleet/nodes every `interval` seconds with its name,
 // endpoint, capacity and backends (from its own GET /v1/node), so a restarted gateway relearns the fleet

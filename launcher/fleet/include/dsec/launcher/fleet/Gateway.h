@@ -30,7 +30,7 @@
 namespace dsec::launcher {
 
 // Sends a node's reply on to the client as it is (status, body, Content-Type and the other headers).
-void relayReply(HttpExchange& ex, const fleet::HttpReply& reply);
+void relayReply(HttpExchange& ex, const client::HttpReply& reply);
 
 struct GatewayOptions {
   std::string fleet_name = "default";
@@ -119,7 +119,7 @@ class Gateway : public RequestHandler {
   void markLost(Node& node, const std::string& why);
   std::optional<NodeRef> nodeRef(const std::string& name);
   std::vector<NodeRef> liveNodes();
-  fleet::CallOptions callOptions(const NodeRef& node, int io_timeout_ms) const;
+  client::CallOptions callOptions(const NodeRef& node, int io_timeout_ms) const;
   void sendLost(HttpExchange& ex, const NodeRef& node, const std::string& sandbox_id);
   void sendNodeError(HttpExchange& ex, const Error& error, const std::string& node, const std::string& sandbox_id);
 
@@ -131,9 +131,9 @@ class Gateway : public RequestHandler {
   std::vector<placement::NodeId> nodesWithoutDedicatedCores(double cpus);
   // POST /v1/sandboxes on the node; a 404 for a session the node has not heard of creates the session there
   // and tries once more.
-  Result<fleet::HttpReply> createOnNode(const NodeRef& ref, const std::string& body, const std::string& session);
+  Result<client::HttpReply> createOnNode(const NodeRef& ref, const std::string& body, const std::string& session);
   // Why a failed or full node is passed over, for the 429 if no node takes the sandbox.
-  std::string whyNodeRefused(const NodeRef& ref, const Result<fleet::HttpReply>& reply);
+  std::string whyNodeRefused(const NodeRef& ref, const Result<client::HttpReply>& reply);
   void noteCreated(const std::string& node, double cpus);
   void forwardToSandbox(HttpExchange& ex, const std::string& sandbox_id);
   void listSandboxes(HttpExchange& ex);
@@ -143,13 +143,13 @@ class Gateway : public RequestHandler {
   // POST /v1/call to a live node offering fncall, round robin, another node on 429 (GatewayCall.cc).
   void forwardCall(HttpExchange& ex);
   // Sends the same request to every live node in parallel; (node, reply-or-error) per node.
-  std::vector<std::pair<NodeRef, Result<fleet::HttpReply>>> fanOut(boost::beast::http::verb method,
-                                                                   const std::string& target, const std::string& body);
+  std::vector<std::pair<NodeRef, Result<client::HttpReply>>> fanOut(boost::beast::http::verb method,
+                                                                    const std::string& target, const std::string& body);
 
   GatewayOptions options_;
   placement::ClusterPlacer placer_;
   // Keep-alive connections to the nodes for JSON calls (creates, probes, fan-out): see ConnectionPool.h.
-  mutable fleet::ConnectionPool pool_;  // internally synchronised; callOptions() is const
+  mutable client::ConnectionPool pool_;  // internally synchronised; callOptions() is const
   double started_ = 0;
   std::mutex mu_;
   std::map<std::string, Node> nodes_;
