@@ -2,6 +2,8 @@
 // and its limits, route errors and the bearer check, as the node API and the gateway both use them.
 #include <gtest/gtest.h>
 
+#include <stdexcept>
+
 #include "HttpTestClient.h"
 #include "dsec/launcher/api/Edge.h"
 #include "dsec/launcher/api/Router.h"
@@ -21,12 +23,29 @@ class EdgeHandler : public RequestHandler {
       RouteTable t;
       t.add("/json", {{http::verb::post, 1}})
           .add("/optional", {{http::verb::put, 2}})
-          .add("/error/*", {{http::verb::get, 3}});
+          .add("/error/*", {{http::verb::get, 3}})
+          .add("/open", {{http::verb::get, 4}})
+          .add("/throw/*", {{http::verb::get, 5}});
       return t;
     }();
-    if (!requestAuthorized(ex, "secret")) return sendUnauthorized(ex);
     TableMatch m = table.match(ex.method(), ex.target());
-    if (m.error_status != 0) return sendRouteError(ex, m.error_status, m.error, m.allow);
+    if (!admitRequest(ex, "secret", RouteGate{m.error_status == 0 && m.route == 4, m.error_status, m.error, m.allow})) {
+      return;
+    }
+    dispatchGuarded(ex, "edge test", [&] { dispatch(ex, m); });
+  }
+
+ private:
+  static void dispatch(HttpExchange& ex, const TableMatch& m) {
+    if (m.route == 4) return ex.sendJson(200, json{{"open", true}});
+    if (m.route == 5) {
+      if (m.wildcards[0] == "json") json{{"n", 1}}["n"].get<std::string>();  // a value of the wrong type
+      if (m.wildcards[0] == "late") {
+        ex.sendJson(200, json{{"started", true}});
+        throw std::runtime_error("after the answer");
+      }
+      throw std::runtime_error("handler bug");
+    }
     if (m.route == 1 || m.route == 2) {
       auto body = readJsonBody(ex, kTestLimit, m.route == 2 ? EmptyBody::kEmptyObject : EmptyBody::kRefuse);
       if (!body) return;
@@ -106,6 +125,25 @@ TEST_F(HttpEdgeTest, RouteErrorsAndAuth) {
   auto denied = client_->get("/error/bug");
   EXPECT_EQ(denied.status, 401);
   EXPECT_EQ(denied.headers["www-authenticate"], "Bearer");
+  // The open route answers anyone; its neighbour's route errors still need the token first.
+  EXPECT_EQ(client_->get("/open").status, 200);
+  EXPECT_EQ(client_->get("/nowhere").status, 401);
+}
+
+TEST_F(HttpEdgeTest, AHandlersExceptionIsAnAnswerNotACrash) {
+  auto bad_json = client_->get("/throw/json");
+  EXPECT_EQ(bad_json.status, 400);
+  EXPECT_EQ(bad_json.errorCode(), "invalid_request");
+  auto bug = client_->get("/throw/bug");
+  EXPECT_EQ(bug.status, 500);
+  EXPECT_EQ(bug.json()["error"]["message"], "handler bug");
+  // Thrown after the answer went out: the client gets that answer and the connection ends. A second answer (a
+  // 500) on the kept-alive connection would be read as the reply to the next request.
+  auto late = client_->get("/throw/late");
+  EXPECT_EQ(late.status, 200);
+  auto next = client_->get("/open");
+  EXPECT_EQ(next.status, 200);
+  EXPECT_EQ(next.json()["open"], true);
 }
 
 }  // namespace

@@ -55,33 +55,9 @@ bool ApiServer::acceptsCredentials(std::string_view value) const { return bearer
 
 void ApiServer::handle(HttpExchange& ex) {
   RouteMatch m = matchRoute(ex.method(), ex.target());
-  bool healthz = m.error_status == 0 && m.op == Op::kHealthz;
-  const bool authed = requestAuthorized(ex, token_);
-  if (authed) ex.markAuthenticated();  // the connection leaves its client's unauthenticated budget
-  if (!healthz && !authed) {
-    sendUnauthorized(ex);
-    return;
-  }
-  if (m.error_status != 0) return sendRouteError(ex, m.error_status, m.error, m.allow);
-  try {
-    dispatch(ex, m);
-  } catch (const json::exception& e) {
-    if (!ex.responded()) {
-      ex.sendError(400, "invalid_request", std::string("bad JSON value: ") + e.what());
-    } else {
-      ex.forceClose();
-    }
-  } catch (const std::bad_alloc&) {
-    if (!ex.responded()) ex.sendError(500, "internal", "out of memory");
-    ex.forceClose();
-  } catch (const std::exception& e) {
-    DSEC_LOG(kError, kLog) << opName(m.op) << ": " << e.what();
-    if (!ex.responded()) {
-      ex.sendError(500, "internal", e.what());
-    } else {
-      ex.forceClose();
-    }
-  }
+  RouteGate gate{m.error_status == 0 && m.op == Op::kHealthz, m.error_status, m.error, m.allow};
+  if (!admitRequest(ex, token_, gate)) return;
+  dispatchGuarded(ex, opName(m.op), [&] { dispatch(ex, m); });
 }
 
 void ApiServer::dispatch(HttpExchange& ex, const RouteMatch& m) {

@@ -1,5 +1,8 @@
 #include "dsec/launcher/api/Edge.h"
 
+#include <exception>
+#include <new>
+
 #include "dsec/common/Logging.h"
 #include "dsec/common/Prometheus.h"
 #include "dsec/launcher/api/Requests.h"
@@ -18,6 +21,41 @@ bool requestAuthorized(const HttpExchange& ex, std::string_view token) {
 void sendUnauthorized(HttpExchange& ex) {
   ex.sendError(401, "unauthorized", "missing or wrong bearer token (Authorization: Bearer <token>)",
                {{"WWW-Authenticate", "Bearer"}});
+}
+
+bool admitRequest(HttpExchange& ex, std::string_view token, const RouteGate& route) {
+  const bool authed = requestAuthorized(ex, token);
+  if (authed) ex.markAuthenticated();
+  if (!authed && !route.open) {
+    sendUnauthorized(ex);
+    return false;
+  }
+  if (route.error_status != 0) {
+    sendRouteError(ex, route.error_status, route.error, route.allow);
+    return false;
+  }
+  return true;
+}
+
+void dispatchGuarded(HttpExchange& ex, std::string_view op, const std::function<void()>& handler) {
+  auto fail = [&](int status, const char* code, const std::string& message) {
+    if (!ex.responded()) {
+      ex.sendError(status, code, message);
+    } else {
+      ex.forceClose();  // the answer had started: a second one would corrupt the stream
+    }
+  };
+  try {
+    handler();
+  } catch (const json::exception& e) {
+    fail(400, "invalid_request", std::string("bad JSON value: ") + e.what());
+  } catch (const std::bad_alloc&) {
+    fail(500, "internal", "out of memory");
+    ex.forceClose();
+  } catch (const std::exception& e) {
+    DSEC_LOG(kError, "api") << op << ": " << e.what();
+    fail(500, "internal", e.what());
+  }
 }
 
 void sendError(HttpExchange& ex, const Error& error) {

@@ -97,16 +97,9 @@ void Gateway::sendNodeError(HttpExchange& ex, const Error& error, const std::str
 
 void Gateway::handle(HttpExchange& ex) {
   TableMatch m = gatewayRoutes().match(ex.method(), ex.target());
-  bool healthz = m.error_status == 0 && m.route == kHealthz;
-  const bool authed = requestAuthorized(ex, options_.token);
-  if (authed) ex.markAuthenticated();  // the connection leaves its client's unauthenticated budget
-  if (!healthz && !authed) return sendUnauthorized(ex);
-  if (m.error_status != 0) return sendRouteError(ex, m.error_status, m.error, m.allow);
-  try {
-    dispatch(ex, m);
-  } catch (const json::exception& e) {
-    if (!ex.responded()) ex.sendError(400, "invalid_request", std::string("bad JSON value: ") + e.what());
-  }
+  RouteGate gate{m.error_status == 0 && m.route == kHealthz, m.error_status, m.error, m.allow};
+  if (!admitRequest(ex, options_.token, gate)) return;
+  dispatchGuarded(ex, "gateway", [&] { dispatch(ex, m); });
 }
 
 void Gateway::dispatch(HttpExchange& ex, const TableMatch& m) {

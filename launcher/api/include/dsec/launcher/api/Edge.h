@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -22,6 +23,22 @@ constexpr uint64_t kDiscardLimit = 1 << 20;       // an unread body skipped to k
 bool requestAuthorized(const HttpExchange& ex, std::string_view token);
 // 401 with WWW-Authenticate: Bearer.
 void sendUnauthorized(HttpExchange& ex);
+
+// A request's route as the edge sees it before dispatch: whether it is open to anyone (GET /healthz) and, when
+// it matched no route, the answer to give (TableMatch/RouteMatch error).
+struct RouteGate {
+  bool open = false;
+  int error_status = 0;
+  std::string error;
+  std::string allow;  // for 405
+};
+// The gate every request of the node and the gateway passes, in this order: the bearer check (an authenticated
+// connection leaves its client's unauthenticated budget), 401 unless the route is open, then the route error.
+// True when the caller should dispatch; otherwise the answer has been sent.
+bool admitRequest(HttpExchange& ex, std::string_view token, const RouteGate& route);
+// Runs a route's handler so that no exception reaches the transport: a bad JSON value is 400, anything else 500
+// (logged with `op`); when the answer had already started, the connection is closed instead.
+void dispatchGuarded(HttpExchange& ex, std::string_view op, const std::function<void()>& handler);
 
 // The one error mapper: the status and code of httpStatusFor(), the message, and for 429 Retry-After: 1 (and
 // "retry_after" in the body). A 500 is logged with the request line.
