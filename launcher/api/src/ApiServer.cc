@@ -12,7 +12,6 @@ namespace dsec::launcher {
 namespace {
 
 using nlohmann::json;
-constexpr const char* kLog = "api";
 
 }  // namespace
 
