@@ -326,6 +326,7 @@ class ContainerBackend : public Backend {
     init.pidfd = std::move(idle->process.pidfd);
     init.is_child = true;
     if (idle->userns) init.host_root = idle->host_base;
+    init.lease = std::move(idle->lease);
     if (auto s = placeInit(spec, shared_->options.cpu_qos, *cgroup, init.pid); !s.ok()) return fail(s.error());
 
     if (auto s = checkFault("container.send_config"); !s.ok()) return fail(s.error());
@@ -397,6 +398,15 @@ class ContainerBackend : public Backend {
       auto host_root = hostRootOf(pid);
       if (!host_root.ok()) return gone("its user namespace has no root: " + host_root.error().message());
       init.host_root = *host_root;
+      // Hold its range again as the agent that made it did; a range not handed out here needs no lease of ours.
+      if (shared_->id_ranges) {
+        auto lease = shared_->id_ranges->adopt(*host_root, init.pidfd.get());
+        if (lease.ok()) {
+          init.lease = std::move(lease->lock_fd);
+        } else if (lease.error().code() != ErrorCode::kNotFound) {
+          return gone(lease.error().message());
+        }
+      }
     }
     int64_t oom_kills = 0;
     if (auto st = (*cgroup)->stats(); st.ok()) oom_kills = st->oom_kills;

@@ -88,10 +88,10 @@ Result<IdleInit> spawnIdleInit(const InitKind& kind) {
   req.status_fd = status_w.get();
   req.lease_fd = lease ? lease->lock_fd.get() : -1;
   DSEC_ASSIGN_OR_RETURN(SpawnedProcess stage, spawnInitStage(req));
-  // Init holds the other ends now (and the lease's lock): EOF on status_r means it died.
+  // Init holds the other ends now (and a copy of the lease): EOF on status_r means it died. Our copy of the lease
+  // stays with the sandbox until its processes are gone.
   config_init.reset();
   status_w.reset();
-  if (lease) lease->lock_fd.reset();
   auto fail = [&](const Error& e) {
     (void)syscall(SYS_pidfd_send_signal, stage.pidfd.get(), SIGKILL, nullptr, 0);
     reapStage(stage);
@@ -128,6 +128,7 @@ Result<IdleInit> spawnIdleInit(const InitKind& kind) {
   out.status_r = std::move(status_r);
   if (lease) {
     out.host_base = lease->host_base;
+    out.lease = std::move(lease->lock_fd);
     out.userns.reset(open(("/proc/" + std::to_string(pid) + "/ns/user").c_str(), O_RDONLY | O_CLOEXEC));
     if (!out.userns) {
       Error e = Error::sys(errno, "open the sandbox's user namespace");
@@ -140,9 +141,11 @@ Result<IdleInit> spawnIdleInit(const InitKind& kind) {
 
 void discardIdleInit(IdleInit& init) {
   init.config.reset();
-  if (!init.process.pidfd) return;
-  (void)syscall(SYS_pidfd_send_signal, init.process.pidfd.get(), SIGKILL, nullptr, 0);
-  reapStage(init.process);
+  if (init.process.pidfd) {
+    (void)syscall(SYS_pidfd_send_signal, init.process.pidfd.get(), SIGKILL, nullptr, 0);
+    reapStage(init.process);
+  }
+  init.lease.reset();  // reaped: nothing of its pid namespace is left
 }
 
 InitPool::InitPool(size_t target, InitKind kind) : target_(target), kind_(std::move(kind)) {}

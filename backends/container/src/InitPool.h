@@ -27,6 +27,7 @@ struct IdleInit {
   UniqueFd status_r;
   UniqueFd userns;         // its user namespace (to idmap the layers to); invalid without one
   uint32_t host_base = 0;  // host uid/gid of its root; 0 without a user namespace
+  UniqueFd lease;          // the agent's copy of the range's lease (UserNamespace.h); invalid without one
 };
 
 // What kind of init to start.
@@ -40,7 +41,7 @@ struct InitKind {
 // Starts an init and waits until it is PID 1 of its namespaces, waiting for its config.
 Result<IdleInit> spawnIdleInit(const InitKind& kind);
 
-// Kills an init that never got (or never finished) its config and reaps it.
+// Kills an init that never got (or never finished) its config, reaps it and then lets its id range go.
 void discardIdleInit(IdleInit& init);
 
 class InitPool {
