@@ -163,9 +163,8 @@ Status placeInit(const SandboxSpec& spec, bool cpu_qos, const Cgroup& cgroup, pi
   return okStatus();
 }
 
-// Reads init's one status line; an error names the failed step.
-Status waitReady(int status_fd, double timeout_seconds) {
-  std::string line;
+// Reads init's one status line (line: what of it was read already); an error names the failed step.
+Status waitReady(int status_fd, std::string line, double timeout_seconds) {
   const double deadline = monotonicSeconds() + timeout_seconds;
   char buf[512];
   while (line.find('\n') == std::string::npos) {
@@ -333,9 +332,11 @@ class ContainerBackend : public Backend {
     int64_t disk = spec.disk_bytes > 0 ? spec.disk_bytes : shared_->options.default_disk_bytes;
     if (auto s = configureInit(spec, disk, *idle, init.pid); !s.ok()) return fail(s.error());
     UniqueFd status_r = std::move(idle->status_r);
+    std::string status_read = std::move(idle->status_read);
 
     if (auto s = checkFault("container.wait_ready"); !s.ok()) return fail(s.error());
-    if (auto s = waitReady(status_r.get(), kReadyTimeoutSeconds); !s.ok()) return fail(s.error());
+    if (auto s = waitReady(status_r.get(), std::move(status_read), kReadyTimeoutSeconds); !s.ok())
+      return fail(s.error());
 
     if (auto s = checkFault("container.open_root"); !s.ok()) return fail(s.error());
     UniqueFd root = openProcRoot(init.pid);
