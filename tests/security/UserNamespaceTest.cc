@@ -1,16 +1,23 @@
 // Attack: sandbox root acting as host root. Every sandbox has its own user namespace whose root is an unprivileged
 // host id range that no other sandbox uses; the layers keep their ownership inside through idmapped mounts; and the
 // kernel's per-user counts of a sandbox are its own, so exhausting them inside takes nothing from host root.
+#include <fcntl.h>
+#include <poll.h>
 #include <sys/inotify.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <filesystem>
 #include <set>
 #include <string>
+#include <thread>
 
 #include "../backends/container/ContainerTestSupport.h"
+#include "InitProtocol.h"
 #include "UserNamespace.h"
+#include "dsec/common/Process.h"
 #include "dsec/common/Strings.h"
 
 namespace dsec::testing {
@@ -127,6 +134,114 @@ TEST_F(ContainerTest, RootInsideHasNoPrivilegeOverTheHostsFiles) {
   EXPECT_NE(r.stdout_data.find("Seccomp:\t2"), std::string::npos) << r.stdout_data;
 }
 
+// A backend that hands out one host id range only, leased in lease_dir: whoever holds that lease runs the only
+// sandbox there can be.
+backends::ContainerBackendOptions oneRangeOptions(const std::string& lease_dir) {
+  backends::ContainerBackendOptions options;
+  options.cgroup_parent = kTestCgroupParent;
+  options.id_lease_dir = lease_dir;
+  options.id_range_count = 1;
+  return options;
+}
+
+// pidfds of every process in the pid namespace of the sandbox whose init is init_pid (its init included).
+std::vector<UniqueFd> processesOf(pid_t init_pid) {
+  std::vector<UniqueFd> out;
+  struct stat ns_of_init {};
+  if (::stat(("/proc/" + std::to_string(init_pid) + "/ns/pid").c_str(), &ns_of_init) != 0) return out;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    const std::string pid = entry.path().filename();
+    struct stat ns {};
+    if (pid.find_first_not_of("0123456789") != std::string::npos ||
+        ::stat(("/proc/" + pid + "/ns/pid").c_str(), &ns) != 0 || ns.st_ino != ns_of_init.st_ino) {
+      continue;
+    }
+    if (auto fd = pidfdOpen(std::stoi(pid)); fd.ok()) out.push_back(std::move(*fd));
+  }
+  return out;
+}
+
+// Destroys sb while another agent on the node (other, sharing the lease directory) tries again and again to lease
+// its host id range; returns how many of the sandbox's processes had not exited yet when that lease was granted.
+int processesLeftWhenTheRangeCameFree(backends::Sandbox& sb, const backends::IdRangeOptions& ranges) {
+  const pid_t init = sb.persistentState().at("init_pid").get<pid_t>();
+  std::vector<UniqueFd> procs = processesOf(init);
+  EXPECT_GE(procs.size(), 50u) << "the sandbox's processes were not found from the host";
+  backends::IdRangeAllocator other(ranges);
+  EXPECT_FALSE(other.acquire().ok()) << "the range of a live sandbox was leased again";
+  std::thread destroyer([&] { EXPECT_OK(sb.destroy()); });
+  int left = -1;
+  const double deadline = monotonicSeconds() + 30;
+  while (monotonicSeconds() < deadline) {
+    auto lease = other.acquire();
+    if (!lease.ok()) continue;
+    left = 0;
+    for (const auto& fd : procs) {
+      pollfd p{fd.get(), POLLIN, 0};
+      if (::poll(&p, 1, 0) == 0) ++left;  // not exited: it still runs (or may) with the range's ids
+    }
+    break;
+  }
+  destroyer.join();
+  EXPECT_GE(left, 0) << "the range never came free after the sandbox was destroyed";
+  return left;
+}
+
+// Many processes, so that the kernel takes a while to kill and reap them all once the sandbox's init is gone.
+constexpr const char* kManyProcesses = "i=0; while [ $i -lt 100 ]; do sleep 1000 >/dev/null 2>&1 & i=$((i+1)); done";
+
+// Attack: a sandbox ends with many processes alive, so that its pid namespace takes a while to empty after its init
+// dies. Another agent on the node must not be given the sandbox's host id range before then: a new sandbox would
+// run as the same host ids as processes of the old one.
+TEST_F(ContainerTest, AnIdRangeComesFreeOnlyOnceEveryProcessOfItsSandboxIsGone) {
+  TempDir dir;
+  auto options = oneRangeOptions(dir.path() + "/leases");
+  backends::IdRangeOptions ranges;
+  ranges.lease_dir = options.id_lease_dir;
+  ranges.count = 1;
+  auto backend = backends::makeContainerBackend(options);
+  ASSERT_OK(backend);
+  for (int round = 0; round < 3; ++round) {
+    auto sb = (*backend)->create(makeSpec());
+    ASSERT_OK(sb);
+    auto r = sh(**sb, kManyProcesses);
+    ASSERT_EQ(r.exit_code, 0) << r.stderr_data;
+    EXPECT_EQ(processesLeftWhenTheRangeCameFree(**sb, ranges), 0) << "round " << round;
+  }
+}
+
+// The same across an agent restart: the agent that adopts the sandbox holds its range as the one that made it did.
+TEST_F(ContainerTest, AnAdoptedSandboxKeepsItsIdRangeUntilEveryProcessIsGone) {
+  TempDir dir;
+  auto options = oneRangeOptions(dir.path() + "/leases");
+  backends::IdRangeOptions ranges;
+  ranges.lease_dir = options.id_lease_dir;
+  ranges.count = 1;
+  for (int round = 0; round < 3; ++round) {
+    nlohmann::json state;
+    {
+      auto backend = backends::makeContainerBackend(options);
+      ASSERT_OK(backend);
+      auto sb = (*backend)->create(makeSpec());
+      ASSERT_OK(sb);
+      auto r = sh(**sb, kManyProcesses);
+      ASSERT_EQ(r.exit_code, 0) << r.stderr_data;
+      state = (*sb)->persistentState();
+      // The handle and the backend go away as in an agent restart; the sandbox lives on.
+    }
+    auto backend = backends::makeContainerBackend(options);
+    ASSERT_OK(backend);
+    auto adopted = (*backend)->adopt(state);
+    ASSERT_OK(adopted);
+    // Its range is still taken: the restarted agent may not give it to a new sandbox of its own either.
+    auto spec = makeSpec();
+    auto second = (*backend)->create(spec);
+    EXPECT_FALSE(second.ok()) << "a second sandbox got the only range while the adopted one lives";
+    if (second.ok()) EXPECT_OK((*second)->destroy());
+    EXPECT_EQ(processesLeftWhenTheRangeCameFree(**adopted, ranges), 0) << "round " << round;
+  }
+}
+
 TEST(IdRanges, RefusedWhenAHostUsersSubordinateIdsOverlapThem) {
   DSEC_SKIP_UNLESS_ROOT();  // the lease directory must be root's
   TempDir dir;
@@ -165,6 +280,72 @@ TEST(IdRanges, NoTwoLeasesShareARange) {
   auto again = b.acquire();
   ASSERT_OK(again);
   EXPECT_EQ(again->host_base, third->host_base);
+}
+
+// A stand-in for a sandbox's init: a child holding fd as its lease fd until it is killed.
+class FakeInit {
+ public:
+  explicit FakeInit(int fd) {
+    int ready[2];
+    if (::pipe2(ready, O_CLOEXEC) != 0) return;
+    UniqueFd ready_r(ready[0]), ready_w(ready[1]);
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      if (::dup2(fd, backends::init_protocol::kLeaseFd) < 0) _exit(1);
+      (void)!::write(ready_w.get(), "r", 1);
+      for (;;) ::pause();
+    }
+    ready_w.reset();
+    char c;
+    (void)!::read(ready_r.get(), &c, 1);  // it holds the fd now
+    if (pid_ > 0) pidfd_ = std::move(pidfdOpen(pid_).value());
+  }
+  ~FakeInit() { kill(); }
+  int pidfd() const { return pidfd_.get(); }
+  void kill() {
+    if (pid_ <= 0) return;
+    ::kill(pid_, SIGKILL);
+    while (::waitpid(pid_, nullptr, 0) < 0 && errno == EINTR) {
+    }
+    pid_ = -1;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  UniqueFd pidfd_;
+};
+
+TEST(IdRanges, AnAdoptingAgentTakesBackItsInitsLeaseAndNoOneElses) {
+  DSEC_SKIP_UNLESS_ROOT();
+  TempDir dir;
+  backends::IdRangeOptions options;
+  options.lease_dir = dir.path() + "/leases";
+  options.count = 1;
+  backends::IdRangeAllocator first(options);
+  ASSERT_OK(first.prepare());
+  auto made = first.acquire();
+  ASSERT_OK(made);
+  const uint32_t base = made->host_base;
+  FakeInit init(made->lock_fd.get());
+  made->lock_fd.reset();  // the agent that made the sandbox is gone; its init holds the range
+
+  backends::IdRangeAllocator restarted(options);
+  auto adopted = restarted.adopt(base, init.pidfd());
+  ASSERT_OK(adopted);
+  EXPECT_EQ(adopted->host_base, base);
+  // The init's end: the range stays leased as long as the adopting agent has not let go.
+  init.kill();
+  EXPECT_FALSE(restarted.acquire().ok()) << "the range came free with the init while the agent still held it";
+  adopted->lock_fd.reset();
+  auto other = restarted.acquire();  // now another sandbox's
+  ASSERT_OK(other);
+
+  // A process claiming the range without holding its lease is not given it.
+  UniqueFd devnull(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+  FakeInit impostor(devnull.get());
+  ASSERT_ERROR(restarted.adopt(base, impostor.pidfd()), ErrorCode::kConflict);
+  // Nor is a host id that is no range of these options.
+  ASSERT_ERROR(restarted.adopt(base + 1, impostor.pidfd()), ErrorCode::kNotFound);
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "../src/SpawnProtocol.h"
@@ -43,6 +44,9 @@ struct OwnNamespace {
 };
 OwnNamespace g_own_ns[] = {{CLONE_NEWPID, "pid", -1}, {CLONE_NEWNS, "mnt", -1},  {CLONE_NEWNET, "net", -1},
                            {CLONE_NEWUTS, "uts", -1}, {CLONE_NEWIPC, "ipc", -1}, {CLONE_NEWCGROUP, "cgroup", -1}};
+// The pidfd of a child of ours that never leaves our namespaces (startAnchor): one setns through it takes us back
+// to all of them at once, where the fds above take one setns each. -1 when there is none.
+int g_anchor_pidfd = -1;
 
 struct Request {
   proto::RequestHeader header;
@@ -208,6 +212,7 @@ void confine(int status_fd) {
   const int status_fd = r.fds[4];
   close(proto::kChannelFd);                        // the agent's channel is no business of the command's
   for (const auto& own : g_own_ns) close(own.fd);  // nor are the node's namespaces
+  if (g_anchor_pidfd >= 0) close(g_anchor_pidfd);
   joinCgroup(r, status_fd);
   // The spawner's own OOM protection must not be inherited by sandbox workloads. (This /proc is the one the sandbox's
   // init mounted: nothing inside may mount over it.)
@@ -249,12 +254,40 @@ void confine(int status_fd) {
   execCandidates(status_fd);
 }
 
-// Back to our own namespaces of the kinds in flags; failing that, we would start the next command in the wrong
-// sandbox: stop instead (the agent starts a new spawner).
+// Back to our own namespaces of the kinds in flags: all at once through the anchor, else one by one (the anchor
+// was killed). Failing that, we would start the next command in the wrong sandbox: stop instead (the agent starts
+// a new spawner).
 void returnHome(int flags) {
+  if (g_anchor_pidfd >= 0 && setns(g_anchor_pidfd, flags) == 0) return;
   for (const auto& own : g_own_ns) {
     if ((flags & own.type) != 0 && setns(own.fd, own.type) < 0) _exit(3);
   }
+}
+
+// Starts the anchor: a child that only sleeps, in our namespaces, until we are gone (it sets no handler, blocks
+// every signal and holds no fd). It is our own child, not the agent's; -1 when it cannot be had (returnHome then
+// uses the namespace fds).
+int startAnchor() {
+  const pid_t self = getpid();
+  pid_t pid = fork();
+  if (pid < 0) return -1;
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);  // we are single-threaded: this fires when the spawner exits
+    if (getppid() != self) _exit(0);   // it already did
+    syscall(SYS_close_range, 0, ~0U, 0);
+    sigset_t all;
+    sigfillset(&all);
+    sigprocmask(SIG_SETMASK, &all, nullptr);
+    for (;;) pause();
+  }
+  int pidfd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+  if (pidfd < 0) {
+    kill(pid, SIGKILL);
+    while (waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
+    }
+    return -1;
+  }
+  return pidfd;  // close-on-exec, as every pidfd
 }
 
 // Clones the child into the sandbox; returns its pid (in ours) or -errno.
@@ -278,20 +311,8 @@ int spawnOne(const Request& r) {
   return pid < 0 ? -err : static_cast<int>(pid);
 }
 
-}  // namespace
-
-int main() {
-  // Nothing of ours may be read through /proc or ptrace. We go when the agent goes: its end of the channel closes
-  // with it. (Not PR_SET_PDEATHSIG: that fires when the agent *thread* that started us ends, and any of its
-  // request threads may be the one.)
-  prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
-  signal(SIGPIPE, SIG_IGN);
-  for (auto& own : g_own_ns) {
-    char path[64] = "/proc/self/ns/";
-    strncat(path, own.name, sizeof path - strlen(path) - 1);
-    own.fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (own.fd < 0) return 2;
-  }
+// Reads the setup, then serves requests until the agent closes the channel; returns the exit status.
+int serve() {
   proto::SetupHeader setup;
   if (!readFull(proto::kChannelFd, &setup, sizeof setup) || setup.magic != proto::kSetupMagic ||
       setup.bpf_len > proto::kMaxBpfInstructions ||
@@ -319,4 +340,31 @@ int main() {
     memset(g_strings, 0, r.header.string_bytes + 1);
     if (!writeFull(proto::kChannelFd, &reply, sizeof reply)) return 0;
   }
+}
+
+}  // namespace
+
+int main() {
+  // Nothing of ours may be read through /proc or ptrace. We go when the agent goes: its end of the channel closes
+  // with it. (Not PR_SET_PDEATHSIG: that fires when the agent *thread* that started us ends, and any of its
+  // request threads may be the one.)
+  prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+  signal(SIGPIPE, SIG_IGN);
+  for (auto& own : g_own_ns) {
+    char path[64] = "/proc/self/ns/";
+    strncat(path, own.name, sizeof path - strlen(path) - 1);
+    own.fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (own.fd < 0) return 2;
+  }
+  g_anchor_pidfd = startAnchor();  // before the setup: its copy of our memory holds not even the filter
+  int rc = serve();
+  // Reaped here rather than left to its death signal: an orphan would be reaped by whoever adopts it, maybe late.
+  if (g_anchor_pidfd >= 0) {
+    syscall(SYS_pidfd_send_signal, g_anchor_pidfd, SIGKILL, nullptr, 0);
+    siginfo_t info;
+    while (waitid(static_cast<idtype_t>(P_PIDFD), static_cast<id_t>(g_anchor_pidfd), &info, WEXITED) < 0 &&
+           errno == EINTR) {
+    }
+  }
+  return rc;
 }

@@ -163,9 +163,8 @@ Status placeInit(const SandboxSpec& spec, bool cpu_qos, const Cgroup& cgroup, pi
   return okStatus();
 }
 
-// Reads init's one status line; an error names the failed step.
-Status waitReady(int status_fd, double timeout_seconds) {
-  std::string line;
+// Reads init's one status line (line: what of it was read already); an error names the failed step.
+Status waitReady(int status_fd, std::string line, double timeout_seconds) {
   const double deadline = monotonicSeconds() + timeout_seconds;
   char buf[512];
   while (line.find('\n') == std::string::npos) {
@@ -326,15 +325,18 @@ class ContainerBackend : public Backend {
     init.pidfd = std::move(idle->process.pidfd);
     init.is_child = true;
     if (idle->userns) init.host_root = idle->host_base;
+    init.lease = std::move(idle->lease);
     if (auto s = placeInit(spec, shared_->options.cpu_qos, *cgroup, init.pid); !s.ok()) return fail(s.error());
 
     if (auto s = checkFault("container.send_config"); !s.ok()) return fail(s.error());
     int64_t disk = spec.disk_bytes > 0 ? spec.disk_bytes : shared_->options.default_disk_bytes;
     if (auto s = configureInit(spec, disk, *idle, init.pid); !s.ok()) return fail(s.error());
     UniqueFd status_r = std::move(idle->status_r);
+    std::string status_read = std::move(idle->status_read);
 
     if (auto s = checkFault("container.wait_ready"); !s.ok()) return fail(s.error());
-    if (auto s = waitReady(status_r.get(), kReadyTimeoutSeconds); !s.ok()) return fail(s.error());
+    if (auto s = waitReady(status_r.get(), std::move(status_read), kReadyTimeoutSeconds); !s.ok())
+      return fail(s.error());
 
     if (auto s = checkFault("container.open_root"); !s.ok()) return fail(s.error());
     UniqueFd root = openProcRoot(init.pid);
@@ -397,6 +399,15 @@ class ContainerBackend : public Backend {
       auto host_root = hostRootOf(pid);
       if (!host_root.ok()) return gone("its user namespace has no root: " + host_root.error().message());
       init.host_root = *host_root;
+      // Hold its range again as the agent that made it did; a range not handed out here needs no lease of ours.
+      if (shared_->id_ranges) {
+        auto lease = shared_->id_ranges->adopt(*host_root, init.pidfd.get());
+        if (lease.ok()) {
+          init.lease = std::move(lease->lock_fd);
+        } else if (lease.error().code() != ErrorCode::kNotFound) {
+          return gone(lease.error().message());
+        }
+      }
     }
     int64_t oom_kills = 0;
     if (auto st = (*cgroup)->stats(); st.ok()) oom_kills = st->oom_kills;

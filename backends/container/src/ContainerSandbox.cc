@@ -238,6 +238,8 @@ Status ContainerSandbox::destroy() {
   auto left = cgroup_->pids();
   Status emptied = left.ok() && left->empty() ? okStatus() : cgroup_->killAll();
   Status removed = cgroup_->remove();
+  // Only a sandbox known to be gone gives its host id range back; after a failure the handle keeps it.
+  if (killed.ok() && emptied.ok()) init_.lease.reset();
   {
     std::lock_guard lock(shared_->mu);
     shared_->live.erase(spec_.id);

@@ -49,6 +49,9 @@ struct InitProcess {
   UniqueFd pidfd;
   bool is_child = false;              // created by this process (then it must be reaped with waitid)
   std::optional<uint32_t> host_root;  // host uid/gid of the sandbox's root when it has a user namespace
+  // The agent's copy of the lease of that range: let go only once init is reaped (then every process of its pid
+  // namespace is gone), never merely because init closed its own copy on the way out.
+  UniqueFd lease;
 };
 
 class ContainerSandbox : public Sandbox {

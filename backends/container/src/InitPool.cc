@@ -25,10 +25,12 @@ namespace {
 // Generous: on a loaded machine starting init and its namespaces has taken a few hundred milliseconds.
 constexpr double kHandshakeSeconds = 30;
 
-// Reads one status line of stage 1 (a byte at a time: nothing after the newline is ours to take).
-Result<std::string> readStatusLine(int fd, double deadline) {
-  std::string line;
-  for (;;) {
+}  // namespace
+
+Result<std::string> readStatusLine(int fd, double deadline, std::string& buffered) {
+  size_t end;
+  while ((end = buffered.find('\n')) == std::string::npos) {
+    if (buffered.size() > 4096) return Error(ErrorCode::kSystem, "sandbox init sent a bad status");
     double left = deadline - monotonicSeconds();
     if (left <= 0) return Error(ErrorCode::kTimeout, "sandbox init did not start in time");
     pollfd p{fd, POLLIN, 0};
@@ -36,16 +38,18 @@ Result<std::string> readStatusLine(int fd, double deadline) {
     if (rc < 0 && errno == EINTR) continue;
     if (rc < 0) return Error::sys(errno, "poll init status");
     if (rc == 0) continue;
-    char c;
-    ssize_t n = read(fd, &c, 1);
+    char chunk[512];
+    ssize_t n = read(fd, chunk, sizeof chunk);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) return Error::sys(errno, "read init status");
-    if (n == 0)
-      return Error(ErrorCode::kSystem, "sandbox init exited while starting" + (line.empty() ? "" : ": " + line));
-    if (c == '\n') break;
-    if (line.size() > 4096) return Error(ErrorCode::kSystem, "sandbox init sent a bad status");
-    line.push_back(c);
+    if (n == 0) {
+      return Error(ErrorCode::kSystem,
+                   "sandbox init exited while starting" + (buffered.empty() ? "" : ": " + buffered));
+    }
+    buffered.append(chunk, static_cast<size_t>(n));
   }
+  std::string line = buffered.substr(0, end);
+  buffered.erase(0, end + 1);
   // "err STEP ERRNO MESSAGE"
   if (startsWith(line, "err ")) {
     auto parts = split(line, ' ');
@@ -57,6 +61,8 @@ Result<std::string> readStatusLine(int fd, double deadline) {
   }
   return line;
 }
+
+namespace {
 
 void reapStage(SpawnedProcess& stage) {
   siginfo_t info;
@@ -88,10 +94,10 @@ Result<IdleInit> spawnIdleInit(const InitKind& kind) {
   req.status_fd = status_w.get();
   req.lease_fd = lease ? lease->lock_fd.get() : -1;
   DSEC_ASSIGN_OR_RETURN(SpawnedProcess stage, spawnInitStage(req));
-  // Init holds the other ends now (and the lease's lock): EOF on status_r means it died.
+  // Init holds the other ends now (and a copy of the lease): EOF on status_r means it died. Our copy of the lease
+  // stays with the sandbox until its processes are gone.
   config_init.reset();
   status_w.reset();
-  if (lease) lease->lock_fd.reset();
   auto fail = [&](const Error& e) {
     (void)syscall(SYS_pidfd_send_signal, stage.pidfd.get(), SIGKILL, nullptr, 0);
     reapStage(stage);
@@ -99,15 +105,16 @@ Result<IdleInit> spawnIdleInit(const InitKind& kind) {
   };
 
   const double deadline = monotonicSeconds() + kHandshakeSeconds;
+  std::string status_read;
   if (lease) {
-    auto line = readStatusLine(status_r.get(), deadline);
+    auto line = readStatusLine(status_r.get(), deadline, status_read);
     if (!line.ok()) return fail(line.error());
     if (*line != "userns") return fail(Error::internal("sandbox init sent '" + *line + "' instead of userns"));
     if (auto mapped = writeIdMaps(stage.pid, lease->host_base); !mapped.ok()) return fail(mapped.error());
     const char byte = init_protocol::kMappedByte;
     if (::send(config.get(), &byte, 1, MSG_NOSIGNAL) != 1) return fail(Error::sys(errno, "release sandbox init"));
   }
-  auto line = readStatusLine(status_r.get(), deadline);
+  auto line = readStatusLine(status_r.get(), deadline, status_read);
   if (!line.ok()) return fail(line.error());
   pid_t pid = startsWith(*line, "init ") ? static_cast<pid_t>(atoi(line->c_str() + 5)) : 0;
   if (pid <= 1) return fail(Error::internal("sandbox init sent '" + *line + "' instead of its pid"));
@@ -126,8 +133,10 @@ Result<IdleInit> spawnIdleInit(const InitKind& kind) {
   out.process.pidfd = std::move(*pidfd);
   out.config = std::move(config);
   out.status_r = std::move(status_r);
+  out.status_read = std::move(status_read);
   if (lease) {
     out.host_base = lease->host_base;
+    out.lease = std::move(lease->lock_fd);
     out.userns.reset(open(("/proc/" + std::to_string(pid) + "/ns/user").c_str(), O_RDONLY | O_CLOEXEC));
     if (!out.userns) {
       Error e = Error::sys(errno, "open the sandbox's user namespace");
@@ -140,9 +149,11 @@ Result<IdleInit> spawnIdleInit(const InitKind& kind) {
 
 void discardIdleInit(IdleInit& init) {
   init.config.reset();
-  if (!init.process.pidfd) return;
-  (void)syscall(SYS_pidfd_send_signal, init.process.pidfd.get(), SIGKILL, nullptr, 0);
-  reapStage(init.process);
+  if (init.process.pidfd) {
+    (void)syscall(SYS_pidfd_send_signal, init.process.pidfd.get(), SIGKILL, nullptr, 0);
+    reapStage(init.process);
+  }
+  init.lease.reset();  // reaped: nothing of its pid namespace is left
 }
 
 InitPool::InitPool(size_t target, InitKind kind) : target_(target), kind_(std::move(kind)) {}

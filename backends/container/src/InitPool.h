@@ -20,13 +20,15 @@
 namespace dsec::backends {
 
 // An init waiting for its config: send it (with the layer mounts) on config and shut that down, then read the
-// status from status_r.
+// status from status_r (after status_read, which came with its pid line).
 struct IdleInit {
   SpawnedProcess process;  // PID 1 of the sandbox, our child
   UniqueFd config;         // our end of the config socket
   UniqueFd status_r;
-  UniqueFd userns;         // its user namespace (to idmap the layers to); invalid without one
-  uint32_t host_base = 0;  // host uid/gid of its root; 0 without a user namespace
+  std::string status_read;  // bytes already read from status_r past init's pid line
+  UniqueFd userns;          // its user namespace (to idmap the layers to); invalid without one
+  uint32_t host_base = 0;   // host uid/gid of its root; 0 without a user namespace
+  UniqueFd lease;           // the agent's copy of the range's lease (UserNamespace.h); invalid without one
 };
 
 // What kind of init to start.
@@ -37,10 +39,15 @@ struct InitKind {
   bool network_namespace = true;          // false: the host's network (SPANK steps only)
 };
 
+// Reads one status line of init from fd by the chunk; a line's bytes may come in several reads and the next line's
+// with it, so buffered holds what was read past the last newline (the next call starts with it). "err STEP ERRNO
+// MESSAGE" lines are returned as that error.
+Result<std::string> readStatusLine(int fd, double deadline, std::string& buffered);
+
 // Starts an init and waits until it is PID 1 of its namespaces, waiting for its config.
 Result<IdleInit> spawnIdleInit(const InitKind& kind);
 
-// Kills an init that never got (or never finished) its config and reaps it.
+// Kills an init that never got (or never finished) its config, reaps it and then lets its id range go.
 void discardIdleInit(IdleInit& init);
 
 class InitPool {

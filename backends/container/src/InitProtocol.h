@@ -31,6 +31,8 @@ namespace dsec::backends::init_protocol {
 
 constexpr int kConfigFd = 3;
 constexpr int kStatusFd = 4;
+// Where init keeps the lease: an agent that adopts the sandbox takes a copy of it from there (pidfd_getfd).
+constexpr int kLeaseFd = 5;
 constexpr int kMaxConfigBytes = 256 * 1024;
 constexpr int kMaxLowers = 128;
 constexpr int kMaxBpfInstructions = 4096;

@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "InitProtocol.h"
 #include "dsec/common/Strings.h"
 
 namespace dsec::backends {
@@ -87,6 +88,38 @@ Result<IdRangeLease> IdRangeAllocator::acquire() {
   }
   return Error(ErrorCode::kResourceExhausted,
                "all " + std::to_string(options_.count) + " host id ranges for sandboxes are in use on this node");
+}
+
+Result<IdRangeLease> IdRangeAllocator::adopt(uint32_t host_base, int init_pidfd) {
+  const uint64_t offset = uint64_t{host_base} - options_.first_host_id;
+  if (host_base < options_.first_host_id || offset % kIdRangeSize != 0 || offset / kIdRangeSize >= options_.count) {
+    return Error::notFound("host id " + std::to_string(host_base) + " is not the root of a range leased here");
+  }
+  std::lock_guard lock(mu_);
+  const std::string path = options_.lease_dir + "/" + std::to_string(offset / kIdRangeSize);
+  UniqueFd file(::open(path.c_str(), O_RDONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0400));
+  if (!file) return Error::sys(errno, "open id range lease " + path);
+  struct stat want {};
+  if (::fstat(file.get(), &want) != 0) return Error::sys(errno, "stat id range lease " + path);
+  // Init's copy is the lock itself; a lock of our own on a new file description would conflict with it.
+  UniqueFd held(static_cast<int>(syscall(SYS_pidfd_getfd, init_pidfd, init_protocol::kLeaseFd, 0)));
+  struct stat got {};
+  if (held && ::fstat(held.get(), &got) == 0 && got.st_dev == want.st_dev && got.st_ino == want.st_ino) {
+    IdRangeLease lease;
+    lease.host_base = host_base;
+    lease.lock_fd = std::move(held);
+    return lease;
+  }
+  // Init does not hold it (it should): the range is ours only if nobody else does.
+  if (::flock(file.get(), LOCK_EX | LOCK_NB) != 0) {
+    if (errno != EWOULDBLOCK) return Error::sys(errno, "lock id range lease " + path);
+    return Error(ErrorCode::kConflict, "host id range " + std::to_string(host_base) +
+                                           " is leased by another process than its sandbox's init");
+  }
+  IdRangeLease lease;
+  lease.host_base = host_base;
+  lease.lock_fd = std::move(file);
+  return lease;
 }
 
 Status writeIdMaps(pid_t pid, uint32_t host_base) {

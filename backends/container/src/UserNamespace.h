@@ -3,9 +3,11 @@
 // mounts.
 //
 // Ranges are leased node-wide (every agent, CLI and test on a node shares one lease directory): a range is in use
-// while its lease file is locked (flock). The lock is held by the sandbox's init, which inherits the locked file
-// description, so a range is busy exactly as long as its sandbox lives, through agent restarts, and is free again
-// the moment the sandbox's last process is gone.
+// while its lease file is locked (flock). The lock belongs to one open file description, held by the sandbox's init
+// (which inherits it) and by the agent that runs the sandbox (a copy, taken back from init on adoption). Init alone
+// is not enough: the kernel closes a dying init's files before it kills the rest of its pid namespace, so the range
+// would come free while the sandbox's other processes still run with its ids. The agent lets its copy go only once
+// init has been reaped, which happens after every other process of the namespace is gone.
 #pragma once
 
 #include <sys/types.h>
@@ -44,6 +46,10 @@ class IdRangeAllocator {
   Status prepare();
   // A range nobody holds now; kResourceExhausted when all are taken.
   Result<IdRangeLease> acquire();
+  // The lease of the range whose root is host_base, taken back from the sandbox init that holds it (init_pidfd):
+  // a copy of init's locked file description. kNotFound when host_base is not a range of these options (nothing
+  // here hands it out); kConflict when the range is leased by someone other than that init.
+  Result<IdRangeLease> adopt(uint32_t host_base, int init_pidfd);
   const IdRangeOptions& options() const { return options_; }
 
  private:

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -270,6 +271,44 @@ TEST_F(ContainerTest, SpawnerOutlivesTheThreadThatStartedIt) {
     std::thread([&] { EXPECT_EQ(sh(sb, "echo again").stdout_data, "again\n"); }).join();
   }
   EXPECT_EQ(spawnerPids(), before) << "the spawner was replaced";
+}
+
+// Where a process is: its namespaces (those the spawner enters for a command) and its root.
+std::string placeOf(const std::string& pid) {
+  std::string out;
+  for (const char* ns : {"mnt", "net", "uts", "ipc", "cgroup", "pid_for_children"}) {
+    char link[256] = {};
+    ssize_t n = readlink(("/proc/" + pid + "/ns/" + ns).c_str(), link, sizeof link - 1);
+    out += std::string(ns) + "=" + (n > 0 ? std::string(link, static_cast<size_t>(n)) : "?") + " ";
+  }
+  struct stat root {};
+  if (::stat(("/proc/" + pid + "/root/").c_str(), &root) == 0) {
+    out += "root=" + std::to_string(root.st_dev) + ":" + std::to_string(root.st_ino);
+  }
+  return out;
+}
+
+TEST_F(ContainerTest, TheSpawnerIsBackHomeAfterEveryCommand) {
+  auto& a = create();
+  auto& b = create();
+  const std::string home = placeOf("self");
+  EXPECT_EQ(sh(a, "echo a").stdout_data, "a\n");
+  auto spawner = spawnerPids();
+  ASSERT_EQ(spawner.size(), 1u);
+  EXPECT_EQ(placeOf(spawner[0]), home) << "the spawner stayed in a sandbox's namespaces";
+  EXPECT_EQ(sh(b, "echo b").stdout_data, "b\n");
+  EXPECT_EQ(placeOf(spawner[0]), home);
+  // Its way home when the child it returns through is gone: the namespaces one by one.
+  auto children = readFile("/proc/" + spawner[0] + "/task/" + spawner[0] + "/children");
+  ASSERT_OK(children);
+  for (const auto& pid : split(trim(*children), ' ')) {
+    if (!pid.empty()) ::kill(std::stoi(pid), SIGKILL);
+  }
+  EXPECT_EQ(sh(a, "echo a").stdout_data, "a\n");
+  EXPECT_EQ(placeOf(spawner[0]), home);
+  EXPECT_EQ(sh(b, "echo b").stdout_data, "b\n");
+  EXPECT_EQ(placeOf(spawner[0]), home);
+  EXPECT_EQ(spawnerPids(), spawner) << "the spawner was replaced";
 }
 
 }  // namespace
