@@ -2,6 +2,8 @@
 
 #include <atomic>
 
+#include "dsec/common/Fault.h"
+
 namespace dsec::backends {
 namespace {
 
@@ -34,6 +36,7 @@ class SimulatedSandbox : public Sandbox {
   Status remove(const std::string&, bool) override { return simulatedError(spec_.id, "files"); }
 
   Status pause() override {
+    DSEC_TRY(checkFault("simulated.pause"));  // a freeze the kernel refused
     auto expected = SandboxState::kRunning;
     if (!state_.compare_exchange_strong(expected, SandboxState::kPaused) && expected == SandboxState::kStopped) {
       return Error(ErrorCode::kConflict, "sandbox " + spec_.id + " was destroyed");

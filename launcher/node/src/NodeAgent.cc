@@ -357,11 +357,18 @@ std::vector<SandboxInfo> NodeAgent::list(const std::map<std::string, std::string
 }
 
 Status NodeAgent::destroy(const std::string& id, const std::string& reason) {
+  return destroyIfDue(id, [&](SandboxRecord&) { return reason; });
+}
+
+Status NodeAgent::destroyIfDue(const std::string& id, const std::function<std::string(SandboxRecord&)>& due) {
   auto rec = find(id);
   if (!rec) return Error::notFound("no sandbox " + id);
+  std::string reason;
   {
     std::lock_guard lock(rec->mu);
     if (rec->destroyed) return Error::notFound("no sandbox " + id);
+    reason = due(*rec);
+    if (reason.empty()) return Error(ErrorCode::kConflict, "sandbox " + id + " is no longer due to be destroyed");
     // Execs in flight are killed with the sandbox; their leases keep the record (not the sandbox) alive.
     if (auto st = rec->sandbox->destroy(); !st.ok()) {
       DSEC_LOG(kError, kLog) << "destroy " << id << " failed: " << st.error().toString();
@@ -451,9 +458,25 @@ void NodeAgent::reaperLoop() {
   }
 }
 
-bool NodeAgent::pausedByLease(SandboxRecord& rec) {
-  std::lock_guard lock(rec.mu);
-  return !rec.destroyed && rec.paused_by == PausedBy::kLease && rec.sandbox->state() == backends::SandboxState::kPaused;
+// A session whose lease ran out is the trainer's absence, not its sandboxes' idleness: they are kept for the
+// reattach even on a tick that comes before the one that pauses them (a late reaper thread, a failed pause).
+bool NodeAgent::sessionNotRenewed(const std::string& session, double now_wall) {
+  if (session.empty()) return false;
+  auto s = sessions_->get(session);
+  return s.ok() && (s->lapsed() || s->expires_unix <= now_wall);
+}
+
+std::string NodeAgent::expiryReasonLocked(SandboxRecord& rec, double now_wall, double now_mono) {
+  const CreateParams& p = rec.params;
+  if (p.timeout > 0 && now_wall - rec.created_unix >= p.timeout) {
+    return "timeout of " + std::to_string(p.timeout) + " s reached";
+  }
+  if (p.idle_timeout <= 0 || rec.active.load() != 0 || now_mono - rec.last_active_mono.load() < p.idle_timeout) {
+    return "";
+  }
+  bool paused_by_lease = rec.paused_by == PausedBy::kLease && rec.sandbox->state() == backends::SandboxState::kPaused;
+  if (paused_by_lease || sessionNotRenewed(p.session, now_wall)) return "";
+  return "idle for " + std::to_string(p.idle_timeout) + " s";
 }
 
 void NodeAgent::reapExpired() {
@@ -462,17 +485,18 @@ void NodeAgent::reapExpired() {
     std::lock_guard lock(mu_);
     for (const auto& [id, rec] : sandboxes_) recs.push_back(rec);
   }
-  double now_wall = wallSeconds(), now_mono = monotonicSeconds();
+  const double now_wall = wallSeconds(), now_mono = monotonicSeconds();
   for (const auto& rec : recs) {
-    std::string reason;
-    if (rec->params.timeout > 0 && now_wall - rec->created_unix >= rec->params.timeout) {
-      reason = "timeout of " + std::to_string(rec->params.timeout) + " s reached";
-    } else if (rec->params.idle_timeout > 0 && rec->active.load() == 0 &&
-               now_mono - rec->last_active_mono.load() >= rec->params.idle_timeout && !pausedByLease(*rec)) {
-      reason = "idle for " + std::to_string(rec->params.idle_timeout) + " s";
-    }
-    if (reason.empty()) continue;
-    if (destroy(rec->id, reason).ok()) metrics_->reaped_total++;
+    // Most records are far from both limits: skip them without their lock (params and creation never change).
+    const CreateParams& p = rec->params;
+    bool maybe_timed_out = p.timeout > 0 && now_wall - rec->created_unix >= p.timeout;
+    bool maybe_idle = p.idle_timeout > 0 && now_mono - rec->last_active_mono.load() >= p.idle_timeout;
+    if (!maybe_timed_out && !maybe_idle) continue;
+    // Decided under the record's lock, where use() takes it: a use that resumes the sandbox and marks it active
+    // either comes first (and it is not due) or finds it destroyed, never in between.
+    Status st = destroyIfDue(
+        rec->id, [&](SandboxRecord& locked) { return expiryReasonLocked(locked, now_wall, monotonicSeconds()); });
+    if (st.ok()) metrics_->reaped_total++;
   }
 }
 

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "dsec/common/Directory.h"
+#include "dsec/common/Fault.h"
 #include "dsec/common/Strings.h"
 #include "dsec/launcher/node/NodeAgent.h"
 #include "dsec/launcher/node/NodeParts.h"
@@ -225,6 +226,28 @@ TEST_F(NodeCoreTest, ALapsedSessionPausesItsSandboxesAndUseResumesThem) {
   EXPECT_EQ(info(a).state, backends::SandboxState::kRunning);
   EXPECT_FALSE(info(a).paused_by.has_value());
   EXPECT_EQ(info(b).state, backends::SandboxState::kPaused);
+}
+
+// The pause that should keep a lapsed session's sandboxes failed (or the tick that pauses them comes late): their
+// idle timeout still must not destroy what the trainer will reattach to.
+TEST_F(NodeCoreTest, AnIdleTimeoutSparesALapsedSessionsSandboxEvenWhenItsPauseFailed) {
+  startAgent();
+  ASSERT_OK(agent_->putSession("trainer", SessionSettings{1.0, 3600.0}));
+  CreateParams p = params();
+  p.session = "trainer";
+  p.idle_timeout = 1.5;  // after the lease lapses
+  armFault("simulated.pause");
+  std::string a = create(p);
+  ASSERT_TRUE(eventually([&] {
+    auto s = agent_->getSession("trainer");
+    return s.ok() && s->lapsed();
+  }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(2000));  // well past the idle timeout
+  armFault("");
+  EXPECT_EQ(info(a).state, backends::SandboxState::kRunning);  // the pause failed
+  EXPECT_EQ(metrics_.reaped_total.load(), 0u) << "an idle timeout destroyed a sandbox of a lapsed session";
+  ASSERT_OK(agent_->attachSession("trainer", 60.0));
+  EXPECT_OK(agent_->use(a));
 }
 
 TEST_F(NodeCoreTest, ASessionLapsedForItsRetentionIsDroppedWithItsSandboxes) {

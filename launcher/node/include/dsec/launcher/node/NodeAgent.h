@@ -170,7 +170,11 @@ class NodeAgent : private DensityHost {
   // Freezes a sandbox of a lapsed session and reclaims its memory (paused_by "lease").
   void pauseForLease(const std::string& id, const std::string& session);
   void loadSessions();
-  bool pausedByLease(SandboxRecord& rec);
+  bool sessionNotRenewed(const std::string& session, double now_wall);
+  // Why the reaper destroys rec now (its timeout, its idle timeout), or "" (rec.mu held).
+  std::string expiryReasonLocked(SandboxRecord& rec, double now_wall, double now_mono);
+  // destroy() when due(rec), called under the record's lock, names a reason; kConflict when it names none.
+  Status destroyIfDue(const std::string& id, const std::function<std::string(SandboxRecord&)>& due);
   void removeEmptyCgroupParent();
   std::shared_ptr<SandboxRecord> find(const std::string& id);
   Status persist(SandboxRecord& record);
