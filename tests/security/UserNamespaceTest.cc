@@ -39,6 +39,23 @@ uint64_t hostRootOf(backends::Sandbox& sb, const std::function<backends::ExecRes
   return std::stoull(fields[1]);
 }
 
+// Host pids of every process in the pid namespace of init_pid (init included), as /proc lists them now.
+std::vector<pid_t> pidsInPidNamespaceOf(pid_t init_pid) {
+  std::vector<pid_t> out;
+  struct stat ns_of_init {};
+  if (::stat(("/proc/" + std::to_string(init_pid) + "/ns/pid").c_str(), &ns_of_init) != 0) return out;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    const std::string pid = entry.path().filename();
+    struct stat ns {};
+    if (pid.find_first_not_of("0123456789") != std::string::npos ||
+        ::stat(("/proc/" + pid + "/ns/pid").c_str(), &ns) != 0 || ns.st_ino != ns_of_init.st_ino) {
+      continue;
+    }
+    out.push_back(static_cast<pid_t>(std::stoi(pid)));
+  }
+  return out;
+}
+
 TEST_F(ContainerTest, SandboxRootIsAnUnprivilegedHostIdRangeOfItsOwn) {
   auto& a = create();
   auto& b = create();
@@ -50,18 +67,10 @@ TEST_F(ContainerTest, SandboxRootIsAnUnprivilegedHostIdRangeOfItsOwn) {
   // Seen from the host, every process of the sandbox (its init and a command left running) runs as the range's
   // root, not as 0.
   sh(a, "sleep 30 >/dev/null 2>&1 &");
-  const std::string init = std::to_string(a.persistentState().at("init_pid").get<int>());
-  struct stat ns_of_init {};
-  ASSERT_EQ(::stat(("/proc/" + init + "/ns/pid").c_str(), &ns_of_init), 0);
+  const pid_t init = a.persistentState().at("init_pid").get<pid_t>();
   int checked = 0;
-  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
-    const std::string pid = entry.path().filename();
-    struct stat ns {};
-    if (pid.find_first_not_of("0123456789") != std::string::npos ||
-        ::stat(("/proc/" + pid + "/ns/pid").c_str(), &ns) != 0 || ns.st_ino != ns_of_init.st_ino) {
-      continue;
-    }
-    auto status = readFile("/proc/" + pid + "/status");
+  for (pid_t pid : pidsInPidNamespaceOf(init)) {
+    auto status = readFile("/proc/" + std::to_string(pid) + "/status");
     if (!status.ok()) continue;
     for (const auto& line : split(*status, '\n')) {
       if (!startsWith(line, "Uid:")) continue;
@@ -147,16 +156,8 @@ backends::ContainerBackendOptions oneRangeOptions(const std::string& lease_dir) 
 // pidfds of every process in the pid namespace of the sandbox whose init is init_pid (its init included).
 std::vector<UniqueFd> processesOf(pid_t init_pid) {
   std::vector<UniqueFd> out;
-  struct stat ns_of_init {};
-  if (::stat(("/proc/" + std::to_string(init_pid) + "/ns/pid").c_str(), &ns_of_init) != 0) return out;
-  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
-    const std::string pid = entry.path().filename();
-    struct stat ns {};
-    if (pid.find_first_not_of("0123456789") != std::string::npos ||
-        ::stat(("/proc/" + pid + "/ns/pid").c_str(), &ns) != 0 || ns.st_ino != ns_of_init.st_ino) {
-      continue;
-    }
-    if (auto fd = pidfdOpen(std::stoi(pid)); fd.ok()) out.push_back(std::move(*fd));
+  for (pid_t pid : pidsInPidNamespaceOf(init_pid)) {
+    if (auto fd = pidfdOpen(pid); fd.ok()) out.push_back(std::move(*fd));
   }
   return out;
 }
