@@ -84,6 +84,7 @@ def main():
         kept = [s for s, n in sandboxes.items() if n != arg]
         deadline = time.monotonic() + 10
         message = ""
+        error = None
         while True:
             t0 = time.monotonic()
             try:
@@ -91,6 +92,7 @@ def main():
                 fail(f"sandbox {lost[0]} on the killed node {arg} still answers")
             except pydsec.DsecError as e:
                 message = str(e)
+                error = e
             took = time.monotonic() - t0
             if took > 5:
                 fail(f"a request for a sandbox of the lost node took {took:.1f}s (must not hang)")
@@ -99,17 +101,16 @@ def main():
             time.sleep(0.2)
         if f"node {arg} is lost" not in message or f"sandbox {lost[0]} is lost" not in message:
             fail(f"the error for a sandbox of the lost node is not clear: {message!r}")
+        if not isinstance(error, pydsec.NodeLostError) or (error.node, error.node_state) != (arg, "lost"):
+            fail(f"the error for a sandbox of the lost node is not a NodeLostError naming {arg} lost: {error!r}")
         print(f"lost-node error: {message}")
         for sid in lost:
             t0 = time.monotonic()
-            try:
-                client.sandbox(sid).info()
-                fail(f"{sid} answers")
-            except pydsec.DsecError as e:
-                if "is lost" not in str(e):
-                    fail(f"{sid}: unclear error {e}")
+            info = client.sandbox(sid).info()  # the trainer's view: state lost, not an exception
+            if info.get("state") != "lost" or info.get("node") != arg or "is lost" not in info.get("error", ""):
+                fail(f"{sid}: the info does not say lost: {info!r}")
             if time.monotonic() - t0 > 1:
-                fail(f"{sid}: the lost error took {time.monotonic() - t0:.1f}s")
+                fail(f"{sid}: the lost answer took {time.monotonic() - t0:.1f}s")
         for sid in kept:
             check_sandbox(client, sid, sandboxes[sid])
         new = {}

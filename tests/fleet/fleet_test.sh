@@ -5,8 +5,9 @@
 #      on n1, n2 and n3 and run commands, files and a streamed exec through the gateway; a pydsec session
 #      spreads over the nodes, is merged by the gateway, attached to and destroyed;
 #   2. kill -9 of the gateway process: the supervisor restarts it, nodes re-register, no sandbox is lost;
-#   3. kill -9 of node n3's rank: its sandboxes get a clear "node n3 is lost" error within 5 s (no hang), the
-#      others keep serving, new sandboxes go to n1 and n2;
+#   3. kill -9 of node n3's rank: its sandboxes get a clear "node n3 is lost" error within 5 s (no hang; a
+#      pydsec NodeLostError, and sb.info() says state "lost"), the others keep serving, new sandboxes go to n1
+#      and n2;
 #   4. `dsec-launch --join` from a second job brings n3 back (it re-adopts its sandboxes); draining n3 at the
 #      gateway keeps new sandboxes off it; cancelling the join job drains and deregisters it.
 # `fleet_test.sh trainer`: slurm-configs/trainer.sbatch in the preemptible partition makes sandboxes through a
