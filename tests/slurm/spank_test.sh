@@ -226,10 +226,9 @@ t_stepd_killed() {
         sleep 0.1
     done
     [ -n "$job" ] || fail "the step did not start"
-    for p in $(ls /proc | grep -E '^[0-9]+$'); do
-        [ "$(cat "/proc/$p/comm" 2>/dev/null)" = slurmstepd ] || continue
-        tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -cx "DSEC_SLURM_CLUSTER=$BASE" >/dev/null || continue
-        case "$(tr '\0' ' ' <"/proc/$p/cmdline")" in "slurmstepd: [$job.0]"*) stepd=$p ;; esac
+    # pgrep, not a subshell per process: the node may run thousands of other processes.
+    for p in $(pgrep -f "^slurmstepd: \[$job\.0\]"); do
+        tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "DSEC_SLURM_CLUSTER=$BASE" && stepd=$p
     done
     [ -n "$stepd" ] || fail "cannot find the slurmstepd of step $job.0"
     kill -9 "$stepd"
