@@ -1,6 +1,7 @@
 """The pydsec side of tests/fleet/fleet_test.sh, run inside a Slurm job (srun) of its own.
 
-fleet_client.py PHASE STATE_FILE [ARG]: create | session | check | lost NODE | after-join NODE | cleanup.
+fleet_client.py PHASE STATE_FILE [ARG]: create | session | check | lost NODE | after-join NODE | admission |
+cleanup.
 Exits non-zero with a message on the first failed expectation."""
 
 import json
@@ -147,6 +148,25 @@ def main():
         if destroyed != 6:
             fail(f"destroying the session destroyed {destroyed} sandboxes, not 6")
         print(f"session {name}: 6 sandboxes on {nodes}, merged, attached, destroyed")
+    elif phase == "admission":
+        # Idle sandboxes of the default size (1 CPU, 512 MiB) on a fleet of 1-CPU allocations: each node admits
+        # them by its own density controller (CPU ratio 1024 while they use nothing) and the gateway places as
+        # the nodes admit, so none is refused.
+        sandboxes = {}
+        for i in range(30):
+            try:
+                sb = client.create(IMAGE, labels=LABELS)
+            except pydsec.DsecError as e:
+                fail(f"sandbox {i + 1} of 30 with the default cpus was refused: {e}")
+            info = sb.info()
+            if info["cpus"] != 1:
+                fail(f"{sb.id} has cpus {info['cpus']}, not the default 1")
+            sandboxes[sb.id] = info["node"]
+        counts = {n: list(sandboxes.values()).count(n) for n in sorted(set(sandboxes.values()))}
+        print(f"30 default sandboxes: {counts}")
+        if sorted(counts) != ["n1", "n2", "n3"]:
+            fail(f"the 30 sandboxes landed on {sorted(counts)}, not on n1, n2 and n3")
+        save(state_path, {"sandboxes": sandboxes})
     elif phase == "cleanup":
         for sb in client.list(labels=LABELS):
             sb.destroy()

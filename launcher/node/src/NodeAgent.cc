@@ -512,11 +512,12 @@ NodeInfo NodeAgent::nodeInfo() {
   for (auto kind : {backends::BackendKind::kMicrovm, backends::BackendKind::kVm}) {
     info.unavailable_backends[kind] = "not available on this node yet";
   }
-  int64_t committed = 0;
+  int64_t committed = 0, free_slots = 0;
   {
     std::lock_guard lock(mu_);
     info.sandboxes = sandboxes_.size();
     for (const auto& [id, rec] : sandboxes_) committed += rec->params.memory_bytes;
+    free_slots = options_.max_sandboxes - static_cast<int64_t>(sandboxes_.size()) - pending_creates_;
   }
   info.capacity.max_sandboxes = options_.max_sandboxes;
   info.capacity.free_sandboxes = std::max<int64_t>(0, options_.max_sandboxes - static_cast<int64_t>(info.sandboxes));
@@ -529,6 +530,13 @@ NodeInfo NodeAgent::nodeInfo() {
     info.isolation_warning = "user namespaces are off (operator opt-out): sandbox root is host root";
   }
   if (cpu_) info.qos = cpu_->nodeInfo();
+  if (density_) {
+    // Everything a create is admitted by (reserveCreateSlot, the density loop, the CPU QoS books), in one place.
+    info.admission = density_->admissionInfo();
+    info.admission->state.free_sandboxes = std::max<int64_t>(0, free_slots);
+    info.admission->state.free_dedicated_cores =
+        info.qos ? (info.qos->enabled ? info.qos->free_dedicated_cores : 0) : -1;
+  }
   addFncallInfo(&info);
   return info;
 }
