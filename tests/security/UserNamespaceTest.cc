@@ -277,10 +277,45 @@ TEST(IdRanges, NoTwoLeasesShareARange) {
   std::set<uint32_t> bases = {first->host_base, second->host_base, third->host_base};
   EXPECT_EQ(bases.size(), 3u);
   EXPECT_FALSE(b.acquire().ok()) << "a fourth lease out of three ranges";
-  third->lock_fd.reset();  // its sandbox is gone
+  // Its init gone (its lock with it) while the agent still holds the range: still taken.
+  third->init_fd.reset();
+  EXPECT_FALSE(b.acquire().ok()) << "a range came free while the agent that leased it still held it";
+  third->hold.reset();  // its sandbox is gone
   auto again = b.acquire();
   ASSERT_OK(again);
   EXPECT_EQ(again->host_base, third->host_base);
+}
+
+TEST(IdRanges, HoldingManyRangesCostsTheAgentOneFdPerLeaseFile) {
+  DSEC_SKIP_UNLESS_ROOT();
+  TempDir dir;
+  backends::IdRangeOptions options;
+  options.lease_dir = dir.path() + "/leases";
+  options.count = 300;
+  backends::IdRangeAllocator agent(options), other(options);
+  ASSERT_OK(agent.prepare());
+  auto fds = [] { return std::distance(std::filesystem::directory_iterator("/proc/self/fd"), {}); };
+  const auto before = fds();
+  std::vector<backends::IdRangeLease> held;
+  for (int i = 0; i < 200; ++i) {
+    auto lease = agent.acquire();
+    ASSERT_OK(lease);
+    lease->init_fd.reset();  // its init's (gone here: the agent's hold alone keeps the range)
+    held.push_back(std::move(*lease));
+  }
+  // 200 ranges live in 4 lease files of 64.
+  EXPECT_LE(fds() - before, 4);
+  // Each is still taken for anyone else; the 100 others are free.
+  std::set<uint32_t> mine;
+  for (const auto& l : held) mine.insert(l.host_base);
+  std::vector<backends::IdRangeLease> theirs;
+  for (int i = 0; i < 100; ++i) {
+    auto lease = other.acquire();
+    ASSERT_OK(lease);
+    EXPECT_EQ(mine.count(lease->host_base), 0u) << "range " << lease->host_base << " leased twice";
+    theirs.push_back(std::move(*lease));
+  }
+  EXPECT_FALSE(other.acquire().ok()) << "a range beyond the 300";
 }
 
 // A stand-in for a sandbox's init: a child holding fd as its lease fd until it is killed.
@@ -327,8 +362,10 @@ TEST(IdRanges, AnAdoptingAgentTakesBackItsInitsLeaseAndNoOneElses) {
   auto made = first.acquire();
   ASSERT_OK(made);
   const uint32_t base = made->host_base;
-  FakeInit init(made->lock_fd.get());
-  made->lock_fd.reset();  // the agent that made the sandbox is gone; its init holds the range
+  FakeInit init(made->init_fd.get());
+  made->init_fd.reset();
+  made->hold.reset();  // the agent that made the sandbox is gone; its init holds the range
+  EXPECT_FALSE(first.acquire().ok()) << "the range came free while the sandbox's init held it";
 
   backends::IdRangeAllocator restarted(options);
   auto adopted = restarted.adopt(base, init.pidfd());
@@ -337,7 +374,7 @@ TEST(IdRanges, AnAdoptingAgentTakesBackItsInitsLeaseAndNoOneElses) {
   // The init's end: the range stays leased as long as the adopting agent has not let go.
   init.kill();
   EXPECT_FALSE(restarted.acquire().ok()) << "the range came free with the init while the agent still held it";
-  adopted->lock_fd.reset();
+  adopted->hold.reset();
   auto other = restarted.acquire();  // now another sandbox's
   ASSERT_OK(other);
 
