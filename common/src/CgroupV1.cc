@@ -11,6 +11,7 @@
 #include <mutex>
 
 #include "CgroupInternal.h"
+#include "CgroupShards.h"
 #include "dsec/common/Cgroup.h"
 #include "dsec/common/Logging.h"
 
@@ -73,14 +74,39 @@ std::string cgroupDir(const V1Layout& l, const std::string& hierarchy, const std
   return joinPath(joinPath(joinPath(l.root, hierarchy), l.parent), name);
 }
 
+// The sandbox cgroups' sub-parents in the cpuset hierarchy (CgroupShards.h), relative to <parent> there.
+ShardBook::Ops cpusetShardOps(std::shared_ptr<CgroupFs> fs, const V1Layout& l) {
+  std::string base = joinPath(joinPath(l.root, l.cpuset), l.parent);
+  ShardBook::Ops ops;
+  ops.list = [fs, base](const std::string& rel) -> Result<std::vector<std::string>> {
+    auto names = fs->listDirs(joinPath(base, rel));
+    if (!names.ok() && names.error().sysErrno() == ENOENT) return std::vector<std::string>{};
+    return names;
+  };
+  ops.exists = [fs, base](const std::string& rel) { return fs->exists(joinPath(base, rel)); };
+  return ops;
+}
+
 class CgroupV1 final : public Cgroup {
  public:
-  CgroupV1(std::shared_ptr<CgroupFs> fs, std::shared_ptr<const V1Layout> layout, std::string name)
-      : fs_(std::move(fs)), layout_(std::move(layout)), name_(std::move(name)) {}
+  // cpuset_sub: the cpuset sub-parent the cgroup is in ("" the parent itself); shards: the driver's book of them
+  // (null without a cpuset hierarchy), told when the cgroup is removed.
+  CgroupV1(std::shared_ptr<CgroupFs> fs, std::shared_ptr<const V1Layout> layout, std::string name,
+           std::shared_ptr<ShardBook> shards = nullptr, std::string cpuset_sub = "")
+      : fs_(std::move(fs)),
+        layout_(std::move(layout)),
+        name_(std::move(name)),
+        shards_(std::move(shards)),
+        cpuset_sub_(std::move(cpuset_sub)) {}
 
   const std::string& name() const override { return name_; }
 
-  std::string dir(const std::string& hierarchy) const { return cgroupDir(*layout_, hierarchy, name_); }
+  std::string dir(const std::string& hierarchy) const {
+    if (hierarchy == layout_->cpuset && !cpuset_sub_.empty()) {
+      return joinPath(cgroupDir(*layout_, hierarchy, cpuset_sub_), name_);
+    }
+    return cgroupDir(*layout_, hierarchy, name_);
+  }
   std::string file(const std::string& hierarchy, const char* leaf) const { return joinPath(dir(hierarchy), leaf); }
 
   Status attach(pid_t pid) override {
@@ -231,7 +257,21 @@ class CgroupV1 final : public Cgroup {
     for (auto it = layout_->hierarchies.rbegin(); it != layout_->hierarchies.rend(); ++it) pending.push_back(dir(*it));
     Status s = removeDirsPatiently(*fs_, pending);
     if (!s.ok()) return s.error().wrap("removing cgroup " + name_);
+    if (shards_) {
+      shards_->release(name_);
+      removeShardIfEmpty(*fs_, *layout_, cpuset_sub_);
+    }
     return okStatus();
+  }
+
+  // The cpuset sub-parent goes with its last cgroup: the kernel refuses (EBUSY) while any is left, and a create
+  // that picked it meanwhile makes it again (ENOENT on its side).
+  static void removeShardIfEmpty(CgroupFs& fs, const V1Layout& l, const std::string& shard) {
+    if (shard.empty()) return;
+    Status s = fs.removeDir(cgroupDir(l, l.cpuset, shard));
+    if (!s.ok() && s.error().sysErrno() != EBUSY && s.error().sysErrno() != ENOENT) {
+      DSEC_LOG(kDebug, "cgroup") << "removing empty cpuset sub-parent " << shard << ": " << s.error().message();
+    }
   }
 
  private:
@@ -247,7 +287,7 @@ class CgroupV1 final : public Cgroup {
       if (!cpus.empty() || !mems.empty()) return noCpuset();
       return okStatus();
     }
-    std::string parent_dir = joinPath(joinPath(layout_->root, layout_->cpuset), layout_->parent);
+    std::string parent_dir = joinPath(joinPath(joinPath(layout_->root, layout_->cpuset), layout_->parent), cpuset_sub_);
     for (const char* leaf : {"cpuset.mems", "cpuset.cpus"}) {
       std::string value = std::string(leaf) == "cpuset.mems" ? mems : cpus;
       if (value.empty()) {
@@ -322,12 +362,18 @@ class CgroupV1 final : public Cgroup {
   std::shared_ptr<CgroupFs> fs_;
   std::shared_ptr<const V1Layout> layout_;
   std::string name_;
+  std::shared_ptr<ShardBook> shards_;
+  std::string cpuset_sub_;
 };
 
 class CgroupV1Driver final : public CgroupDriver {
  public:
-  CgroupV1Driver(std::shared_ptr<CgroupFs> fs, const std::string& root, const std::string& parent)
-      : fs_(std::move(fs)), layout_(std::make_shared<V1Layout>(probeLayout(*fs_, root, parent))) {}
+  CgroupV1Driver(std::shared_ptr<CgroupFs> fs, const std::string& root, const std::string& parent, int shard_capacity)
+      : fs_(std::move(fs)), layout_(std::make_shared<V1Layout>(probeLayout(*fs_, root, parent))) {
+    if (!layout_->cpuset.empty()) {
+      shards_ = std::make_shared<ShardBook>(cpusetShardOps(fs_, *layout_), shard_capacity);
+    }
+  }
 
   int version() const override { return 1; }
 
@@ -336,20 +382,30 @@ class CgroupV1Driver final : public CgroupDriver {
     DSEC_TRY(validateCgroupLimits(limits));
     DSEC_TRY(checkUsable());
     DSEC_TRY(ensureParent(/*force=*/false));
-    auto cg = std::make_unique<CgroupV1>(fs_, layout_, name);
+    std::string sub;
+    if (shards_) {
+      DSEC_ASSIGN_OR_RETURN(sub, shards_->place(name));
+    }
+    auto cg = std::make_unique<CgroupV1>(fs_, layout_, name, shards_, sub);
     std::vector<std::string> created;
     auto undo = [&]() {
       for (auto it = created.rbegin(); it != created.rend(); ++it) {
         Status s = fs_->removeDir(*it);
         if (!s.ok()) DSEC_LOG(kWarn, "cgroup") << "cleanup after failed create: " << s.error().message();
       }
+      if (shards_) {
+        shards_->release(name);
+        CgroupV1::removeShardIfEmpty(*fs_, *layout_, sub);
+      }
     };
     for (const auto& h : layout_->hierarchies) {
       std::string dir = cg->dir(h);
-      Status s = fs_->makeDir(dir);
+      Status s = h == layout_->cpuset && !sub.empty() ? makeShard(sub) : okStatus();
+      if (s.ok()) s = fs_->makeDir(dir);
       if (!s.ok() && s.error().sysErrno() == ENOENT) {
-        // The parent vanished since we made it (someone cleaned up): make it again once.
+        // The parent (or the sub-parent) vanished since we made it (someone cleaned up): make it again once.
         Status again = ensureParent(/*force=*/true);
+        if (again.ok() && h == layout_->cpuset && !sub.empty()) again = makeShard(sub);
         s = again.ok() ? fs_->makeDir(dir) : again;
       }
       if (!s.ok()) {
@@ -370,18 +426,32 @@ class CgroupV1Driver final : public CgroupDriver {
     DSEC_TRY(validateCgroupName(name));
     DSEC_TRY(checkUsable());
     // Present in any hierarchy is enough: what a crash left half made must still open, to be killed and removed.
-    for (const auto& h : layout_->hierarchies) {
-      if (fs_->exists(cgroupDir(*layout_, h, name))) {
-        return std::unique_ptr<Cgroup>(std::make_unique<CgroupV1>(fs_, layout_, name));
+    std::string sub;
+    if (shards_) {
+      auto located = shards_->locate(name);
+      if (located.ok()) {
+        sub = *located;
+      } else if (located.error().code() != ErrorCode::kNotFound) {
+        return located.error();
       }
+    }
+    auto cg = std::make_unique<CgroupV1>(fs_, layout_, name, shards_, sub);
+    for (const auto& h : layout_->hierarchies) {
+      if (fs_->exists(cg->dir(h))) return std::unique_ptr<Cgroup>(std::move(cg));
     }
     return Error::notFound("cgroup " + name + " not found under " + layout_->parent);
   }
 
-  // Children of the parent in any hierarchy, so a leftover in one hierarchy only is still found and reaped.
+  // Children of the parent in any hierarchy (in cpuset, of its sub-parents too), so a leftover in one hierarchy
+  // only is still found and reaped.
   Result<std::vector<std::string>> list() override {
     std::vector<std::string> all;
     for (const auto& h : layout_->hierarchies) {
+      if (h == layout_->cpuset && shards_) {
+        DSEC_ASSIGN_OR_RETURN(std::vector<std::string> names, shards_->listAll());
+        all.insert(all.end(), names.begin(), names.end());
+        continue;
+      }
       auto names = fs_->listDirs(joinPath(joinPath(layout_->root, h), layout_->parent));
       if (!names.ok()) {
         if (names.error().sysErrno() == ENOENT) continue;
@@ -430,6 +500,21 @@ class CgroupV1Driver final : public CgroupDriver {
     return okStatus();
   }
 
+  // A cpuset sub-parent for sandbox cgroups: made if missing, with the parent's cpus/mems where still empty (it
+  // inherits them and clone_children from <parent>; an explicit copy covers a parent without clone_children).
+  Status makeShard(const std::string& sub) {
+    std::string parent_dir = cgroupDir(*layout_, layout_->cpuset, "");
+    std::string dir = joinPath(parent_dir, sub);
+    if (!fs_->exists(dir)) DSEC_TRY(makeDirIfMissing(*fs_, dir));
+    for (const char* leaf : {"cpuset.mems", "cpuset.cpus"}) {
+      DSEC_ASSIGN_OR_RETURN(std::string mine, fs_->readFile(joinPath(dir, leaf)));
+      if (!trimView(mine).empty()) continue;
+      DSEC_ASSIGN_OR_RETURN(std::string theirs, fs_->readFile(joinPath(parent_dir, leaf)));
+      DSEC_TRY(fs_->writeFile(joinPath(dir, leaf), std::string(trimView(theirs))));
+    }
+    return okStatus();
+  }
+
   // Each directory from the hierarchy's root down to <parent> gets its parent's cpus/mems where still empty (a
   // directory made by mkdir has none), and <parent> gets clone_children so sandboxes start with the pool.
   Status prepareCpusetParents() {
@@ -461,6 +546,7 @@ class CgroupV1Driver final : public CgroupDriver {
 
   std::shared_ptr<CgroupFs> fs_;
   std::shared_ptr<const V1Layout> layout_;
+  std::shared_ptr<ShardBook> shards_;  // null without a cpuset hierarchy
   std::mutex mu_;
   bool parent_ready_ = false;
 };
@@ -468,8 +554,9 @@ class CgroupV1Driver final : public CgroupDriver {
 }  // namespace
 
 std::unique_ptr<CgroupDriver> makeCgroupV1Driver(std::unique_ptr<CgroupFs> fs, const std::string& root,
-                                                 const std::string& parent) {
-  return std::make_unique<CgroupV1Driver>(std::shared_ptr<CgroupFs>(std::move(fs)), root, parent);
+                                                 const std::string& parent, int cpuset_shard_capacity) {
+  return std::make_unique<CgroupV1Driver>(std::shared_ptr<CgroupFs>(std::move(fs)), root, parent,
+                                          cpuset_shard_capacity);
 }
 
 }  // namespace dsec

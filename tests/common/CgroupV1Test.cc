@@ -409,6 +409,68 @@ TEST_F(CgroupV1CpusetTest, FailedCpusetWriteLeavesNothing) {
   }
 }
 
+// Making a cpuset cgroup walks its siblings, so the parent holds at most `capacity` sandboxes there and the rest
+// go to sub-parents of as many each, made on demand with the parent's cpus/mems and removed when empty. The other
+// hierarchies keep every sandbox directly under the parent. Another driver (an agent restarted, the CPU QoS
+// binder) finds them, lists them, and fills the sub-parents it finds before making new ones.
+TEST_F(CgroupV1CpusetTest, SandboxesBeyondCapacityGoToSubParentsRemovedWhenEmpty) {
+  auto d = makeCgroupV1Driver(std::make_unique<FakeCgroupFs>(state_), kRoot, "dsec", 2);
+  std::map<std::string, std::unique_ptr<Cgroup>> made;
+  for (const char* name : {"a", "b", "c", "d", "e"}) {
+    auto cg = d->create(name, {});
+    ASSERT_OK(cg);
+    made[name] = std::move(*cg);
+  }
+  const std::string cpuset = kRoot + "/cpuset/dsec/";
+  for (const char* name : {"a", "b"}) EXPECT_TRUE(state_->hasDir(cpuset + name)) << name;
+  for (const char* name : {"c", "d"}) EXPECT_TRUE(state_->hasDir(cpuset + "shard@0001/" + name)) << name;
+  EXPECT_TRUE(state_->hasDir(cpuset + "shard@0002/e"));
+  EXPECT_EQ(state_->file(cpuset + "shard@0001/cpuset.cpus"), "0-3");
+  EXPECT_EQ(state_->file(cpuset + "shard@0001/cpuset.mems"), "0");
+  EXPECT_EQ(state_->file(cpuset + "shard@0001/c/cpuset.cpus"), "0-3");
+  for (const auto& h : kHierarchies) EXPECT_TRUE(state_->hasDir(dir(h, "e"))) << h;
+  auto procs = made["e"]->procsFiles();
+  EXPECT_NE(std::find(procs.begin(), procs.end(), cpuset + "shard@0002/e/cgroup.procs"), procs.end());
+  auto names = d->list();
+  ASSERT_OK(names);
+  EXPECT_EQ(*names, (std::vector<std::string>{"a", "b", "c", "d", "e"}));
+
+  // A second driver over the same tree: opens one in a sub-parent, moves its cpuset, and fills shard@0002 next.
+  auto other = makeCgroupV1Driver(std::make_unique<FakeCgroupFs>(state_), kRoot, "dsec", 2);
+  auto d_again = other->open("d");
+  ASSERT_OK(d_again);
+  ASSERT_OK((*d_again)->setCpuset("2", ""));
+  EXPECT_EQ(state_->file(cpuset + "shard@0001/d/cpuset.cpus"), "2");
+  auto f = other->create("f", {});
+  ASSERT_OK(f);
+  EXPECT_TRUE(state_->hasDir(cpuset + "shard@0002/f"));
+  ASSERT_ERROR(other->open("nope"), ErrorCode::kNotFound);
+
+  ASSERT_OK(made["e"]->remove());
+  EXPECT_TRUE(state_->hasDir(cpuset + "shard@0002"));
+  ASSERT_OK((*f)->remove());
+  EXPECT_FALSE(state_->hasDir(cpuset + "shard@0002"));
+  ASSERT_OK(made["c"]->remove());
+  EXPECT_TRUE(state_->hasDir(cpuset + "shard@0001"));
+  ASSERT_OK((*d_again)->remove());
+  EXPECT_FALSE(state_->hasDir(cpuset + "shard@0001"));
+  EXPECT_TRUE(state_->hasDir(cpuset + "a"));
+
+  // A sub-parent removed behind the driver's back is made again by the next create that goes there.
+  auto g = d->create("g", {});
+  ASSERT_OK(g);
+  EXPECT_TRUE(state_->hasDir(cpuset + "shard@0001/g"));
+  ASSERT_OK((*g)->remove());
+  EXPECT_FALSE(state_->hasDir(cpuset + "shard@0001"));
+  auto h = d->create("h", {});
+  ASSERT_OK(h);
+  EXPECT_TRUE(state_->hasDir(cpuset + "shard@0001/h"));
+  for (const char* name : {"a", "b"}) ASSERT_OK(made[name]->remove());
+  ASSERT_OK((*h)->remove());
+  EXPECT_TRUE(state_->dirsUnder(kRoot + "/cpuset/dsec").empty());
+  expectNoCgroups();
+}
+
 TEST_F(CgroupV1Test, CpusetWithoutHierarchyIsUnsupported) {
   auto d = driver();
   auto cg = d->create("sb", {.cpuset_cpus = "1", .cpuset_mems = "0"});

@@ -114,9 +114,11 @@ Status validateCgroupLimits(const CgroupLimits& limits);
 // root defaults to /sys/fs/cgroup. Missing controllers give kUnsupported naming them.
 Result<std::unique_ptr<CgroupDriver>> detectCgroupDriver(const std::string& parent,
                                                          const std::string& root = "/sys/fs/cgroup");
-// Explicit constructors for tests over a fake CgroupFs.
+// Explicit constructors for tests over a fake CgroupFs. v1: the parent holds at most cpuset_shard_capacity
+// sandbox cgroups in the cpuset hierarchy, the rest go to sub-parents <parent>/shard@N of as many each (made on
+// demand, removed when empty): making a cpuset cgroup walks its siblings. 0: the default, 256.
 std::unique_ptr<CgroupDriver> makeCgroupV1Driver(std::unique_ptr<CgroupFs> fs, const std::string& root,
-                                                 const std::string& parent);
+                                                 const std::string& parent, int cpuset_shard_capacity = 0);
 std::unique_ptr<CgroupDriver> makeCgroupV2Driver(std::unique_ptr<CgroupFs> fs, const std::string& root,
                                                  const std::string& parent);
 
