@@ -11,7 +11,7 @@ namespace {
 constexpr double kCpuSlack = 1e-9;
 
 std::string fmt(const char* format, double a, double b = 0, double c = 0) {
-  char buf[160];
+  char buf[256];
   std::snprintf(buf, sizeof(buf), format, a, b, c);
   return buf;
 }
@@ -20,6 +20,15 @@ std::string mib(int64_t bytes) { return fmt("%.0f MiB", static_cast<double>(byte
 
 double memoryAllowed(const NodeAdmission& node) {
   return node.memory_ratio * static_cast<double>(node.memory_capacity_bytes);
+}
+
+// By use, a create adds nothing (it uses nothing yet): the node refuses once what runs already fills
+// cpu_ratio x CPUs. By limits, the request's cpus count on top of the committed ones.
+bool cpusRefused(const NodeAdmission& node, const AdmissionRequest& request) {
+  if (request.cpus <= 0 || node.cpus <= 0) return false;
+  const double allowed = node.cpu_ratio * node.cpus + kCpuSlack;
+  if (node.cpu_by_use) return node.cpu_used > allowed;
+  return node.cpu_committed + request.cpus > allowed;
 }
 
 }  // namespace
@@ -35,9 +44,7 @@ AdmissionRefusal admissionRefusal(const NodeAdmission& node, const AdmissionRequ
       static_cast<double>(node.memory_committed_bytes + request.memory_bytes) > memoryAllowed(node)) {
     return AdmissionRefusal::kMemory;
   }
-  if (request.cpus > 0 && node.cpus > 0 && node.cpu_committed + request.cpus > node.cpu_ratio * node.cpus + kCpuSlack) {
-    return AdmissionRefusal::kCpus;
-  }
+  if (cpusRefused(node, request)) return AdmissionRefusal::kCpus;
   if (request.latency && node.free_dedicated_cores >= 0 &&
       node.free_dedicated_cores < dedicatedCoresFor(request.cpus)) {
     return AdmissionRefusal::kDedicatedCores;
@@ -60,6 +67,12 @@ std::string explainRefusal(AdmissionRefusal refusal, const NodeAdmission& node, 
              fmt("%.2f", node.memory_ratio) + " x " + mib(node.memory_capacity_bytes) +
              " (overcommit ratio x capacity)";
     case AdmissionRefusal::kCpus:
+      if (node.cpu_by_use) {
+        return fmt(
+            "cpus: the sandboxes use %.2f CPUs > %.2f x %.0f CPUs (CPU ratio, lowered while they saturate the "
+            "CPUs under CPU pressure)",
+            node.cpu_used, node.cpu_ratio, node.cpus);
+      }
       return fmt("cpus: %.2f committed + %.2f asked > ", node.cpu_committed, request.cpus) +
              fmt("%.2f x %.0f CPUs (overcommit ratio x capacity)", node.cpu_ratio, node.cpus);
     case AdmissionRefusal::kDedicatedCores:
@@ -77,7 +90,9 @@ double admissionLoad(const NodeAdmission& node) {
   double memory = node.memory_capacity_bytes > 0 && node.memory_ratio > 0
                       ? static_cast<double>(node.memory_committed_bytes) / memoryAllowed(node)
                       : 0;
-  double cpu = node.cpus > 0 && node.cpu_ratio > 0 ? node.cpu_committed / (node.cpu_ratio * node.cpus) : 0;
+  double cpu = node.cpus > 0 && node.cpu_ratio > 0
+                   ? (node.cpu_by_use ? node.cpu_used : node.cpu_committed) / (node.cpu_ratio * node.cpus)
+                   : 0;
   return std::max(memory, cpu);
 }
 

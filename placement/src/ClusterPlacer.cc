@@ -288,8 +288,9 @@ Status ClusterPlacer::setDraining(NodeId id, bool draining) {
 
 Status ClusterPlacer::setAdmission(NodeId id, const NodeAdmission& admission, int64_t sandboxes,
                                    std::string_view closed_reason) {
-  if (!(admission.memory_ratio >= 0) || !(admission.cpu_ratio >= 0) || !(admission.cpus >= 0)) {
-    return Error::invalid("admission ratios and capacities must be >= 0");
+  if (!(admission.memory_ratio >= 0) || !(admission.cpu_ratio >= 0) || !(admission.cpus >= 0) ||
+      !(admission.cpu_used >= 0)) {
+    return Error::invalid("admission ratios, capacities and CPU use must be >= 0");
   }
   std::lock_guard lock(mu_);
   if (id < 0 || id >= static_cast<NodeId>(nodes_.size())) return unknownNode(id);

@@ -147,19 +147,22 @@ TEST(NodeJson, TheAdmissionStateRoundTripsAndIsChecked) {
   AdmissionInfo a;
   a.state.admitting = false;
   a.state.memory_ratio = 7.5;
-  a.state.cpu_ratio = 1024;
+  a.state.cpu_ratio = 0.8;
   a.state.memory_capacity_bytes = 1LL << 34;
   a.state.memory_committed_bytes = 3LL << 30;
   a.state.cpus = 2;
   a.state.cpu_committed = 12.5;
+  a.state.cpu_used = 1.75;
+  a.state.cpu_by_use = true;
   a.state.free_dedicated_cores = 1;
   a.state.free_sandboxes = 4000;
   a.level = placement::PressureLevel::kStopAdmitting;
   a.reason = "memory PSI some avg10 31.0%";
   json j = toJson(a);
-  EXPECT_EQ(keysOf(j), (std::set<std::string>{"admitting", "level", "reason", "memory_ratio", "cpu_ratio",
-                                              "memory_capacity_bytes", "memory_committed_bytes", "cpus",
-                                              "cpu_committed", "free_dedicated_cores", "free_sandboxes"}));
+  EXPECT_EQ(keysOf(j),
+            (std::set<std::string>{"admitting", "level", "reason", "memory_ratio", "cpu_ratio", "memory_capacity_bytes",
+                                   "memory_committed_bytes", "cpus", "cpu_committed", "cpu_used", "cpu_by_use",
+                                   "free_dedicated_cores", "free_sandboxes"}));
   EXPECT_EQ(j["level"], "stop_admitting");
   auto back = parseAdmissionJson(j);
   ASSERT_TRUE(back.ok()) << back.error().message();
@@ -176,6 +179,17 @@ TEST(NodeJson, TheAdmissionStateRoundTripsAndIsChecked) {
   json negative = j;
   negative["cpu_ratio"] = -1;
   EXPECT_FALSE(parseAdmissionJson(negative).ok());
+  json negative_use = j;
+  negative_use["cpu_used"] = -0.5;
+  EXPECT_FALSE(parseAdmissionJson(negative_use).ok());
+  // A node that admits CPUs by limits only sends neither cpu_used nor cpu_by_use: that rule, then.
+  json by_limits = j;
+  by_limits.erase("cpu_used");
+  by_limits.erase("cpu_by_use");
+  auto limits = parseAdmissionJson(by_limits);
+  ASSERT_TRUE(limits.ok()) << limits.error().message();
+  EXPECT_FALSE(limits->state.cpu_by_use);
+  EXPECT_EQ(limits->state.cpu_used, 0);
   EXPECT_FALSE(parseAdmissionJson(json::array()).ok());
 }
 

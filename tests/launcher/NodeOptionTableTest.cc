@@ -108,7 +108,7 @@ TEST(NodeOptionsTable, BadValuesAreRefusedNamingTheFlag) {
       "--fncall-image=",
       "--memory-ratio-start=100",
       "--memory-ratio-min=0",
-      "--cpu-ratio-max=1",
+      "--cpu-ratio-max=0.5",
       "--reaper-interval=0",
       "--density-interval=-1",
       "--cgroup-parent=../escape",

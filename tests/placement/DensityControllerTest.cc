@@ -490,14 +490,15 @@ TEST(DensityControllerTest, AdmissionNamesWhy) {
   EXPECT_NE(closed.find("admission is closed (memory PSI some avg10 30.0%)"), std::string::npos) << closed;
 }
 
-TEST(DensityControllerTest, IdleSandboxesKeepTheCpuRatioAtItsBound) {
-  // Idle sandboxes use no CPU: the ratio stays at 1024, so a 1-CPU node admits a thousand sandboxes of the
-  // default 1 CPU (memory permitting) and never the 8 x cores of a static ratio.
+TEST(DensityControllerTest, IdleSandboxesAreAdmittedByWhatTheyUseNotTheirCpus) {
+  // Idle sandboxes use no CPU: the ratio stays at its bound, 1, and a 1-CPU node admits a thousand sandboxes of
+  // the default 1 CPU (memory permitting); each keeps its 1 CPU as its cgroup quota.
   DensityController ctl;
   NodeSample s;
   s.cpu_capacity = 1;
   s.memory_capacity_bytes = 4LL << 30;
-  s.cpu_committed = 30;
+  s.cpu_committed = 1000;
+  s.cpu_used = 0.02;
   for (int t = 0; t < 10; ++t) {
     s.t = t;
     ctl.step(s, {});
@@ -506,11 +507,48 @@ TEST(DensityControllerTest, IdleSandboxesKeepTheCpuRatioAtItsBound) {
   node.memory_ratio = ctl.current().memory_ratio;
   node.cpu_ratio = ctl.current().cpu_ratio;
   node.cpus = 1;
-  node.cpu_committed = 30;
-  node.memory_capacity_bytes = 4LL << 30;
-  node.memory_committed_bytes = 30 * (512LL << 20);
-  EXPECT_EQ(node.cpu_ratio, 1024);
-  EXPECT_EQ(checkAdmission(node, {512LL << 20, 1}), "");
+  node.cpu_committed = 1000;
+  node.cpu_used = 0.02;
+  node.cpu_by_use = true;
+  EXPECT_EQ(node.cpu_ratio, 1);
+  EXPECT_EQ(checkAdmission(node, {64LL << 20, 1}), "");
+  EXPECT_EQ(admissionLoad(node), 0.02);
+  // The same books by limits (static, --overcommit off): 1000 committed CPUs on 1 CPU refuse it.
+  node.cpu_by_use = false;
+  EXPECT_EQ(admissionRefusal(node, {64LL << 20, 1}), AdmissionRefusal::kCpus);
+}
+
+TEST(DensityControllerTest, SandboxesSaturatingTheCpusUnderPressureCloseCpuAdmission) {
+  // The sandboxes use 1.9 of 2 CPUs with CPU PSI some at 80%: the ratio falls until what they use no longer fits,
+  // and the refusal names their use; once they go idle again they fit at once, and the ratio climbs back.
+  DensityConfig c;
+  DensityController ctl(c);
+  NodeSample s = calm(0);
+  s.psi_available = true;
+  s.cpu_used = 1.9;
+  s.cpu_some_avg10 = 80;
+  for (int t = 0; t < 5; ++t) {
+    s.t = t;
+    ctl.step(s, {});
+  }
+  NodeAdmission node;
+  node.cpus = 2;
+  node.cpu_ratio = ctl.current().cpu_ratio;
+  node.cpu_used = 1.9;
+  node.cpu_by_use = true;
+  EXPECT_LT(node.cpu_ratio, 0.9);
+  std::string why = checkAdmission(node, {0, 1});
+  EXPECT_NE(why.find("cpus: the sandboxes use 1.90 CPUs > "), std::string::npos) << why;
+  EXPECT_EQ(checkAdmission(node, {0, 0}), "");  // no CPU limit counts nothing
+  node.cpu_used = 0.1;
+  EXPECT_EQ(checkAdmission(node, {0, 1}), "");
+  s.cpu_used = 0.1;
+  s.cpu_some_avg10 = 0;
+  for (int t = 5; t < 30; ++t) {
+    s.t = t;
+    ctl.step(s, {});
+  }
+  EXPECT_EQ(ctl.current().cpu_ratio, c.cpu_ratio_max);
 }
 
 }  // namespace

@@ -171,6 +171,8 @@ json toJson(const AdmissionInfo& a) {
               {"memory_committed_bytes", s.memory_committed_bytes},
               {"cpus", s.cpus},
               {"cpu_committed", s.cpu_committed},
+              {"cpu_used", s.cpu_used},
+              {"cpu_by_use", s.cpu_by_use},
               {"free_dedicated_cores", s.free_dedicated_cores},
               {"free_sandboxes", s.free_sandboxes}};
 }
@@ -195,6 +197,9 @@ Result<AdmissionInfo> parseAdmissionJson(const json& j) {
     get("memory_committed_bytes", &s.memory_committed_bytes);
     get("cpus", &s.cpus);
     get("cpu_committed", &s.cpu_committed);
+    // Absent from a node that admits CPUs by their limits only (before admission by use): that rule, then.
+    if (j.contains("cpu_used")) get("cpu_used", &s.cpu_used);
+    if (j.contains("cpu_by_use")) get("cpu_by_use", &s.cpu_by_use);
     get("free_dedicated_cores", &s.free_dedicated_cores);
     get("free_sandboxes", &s.free_sandboxes);
     key = "level";
@@ -204,8 +209,9 @@ Result<AdmissionInfo> parseAdmissionJson(const json& j) {
   } catch (const json::exception& e) {
     return Error::invalid(std::string("admission: field ") + key + ": " + e.what());
   }
-  if (!(s.memory_ratio >= 0) || !(s.cpu_ratio >= 0) || !(s.cpus >= 0) || s.memory_capacity_bytes < 0) {
-    return Error::invalid("admission: ratios and capacities must be >= 0");
+  if (!(s.memory_ratio >= 0) || !(s.cpu_ratio >= 0) || !(s.cpus >= 0) || !(s.cpu_used >= 0) ||
+      s.memory_capacity_bytes < 0) {
+    return Error::invalid("admission: ratios, capacities and CPU use must be >= 0");
   }
   return a;
 }

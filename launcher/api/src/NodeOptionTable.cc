@@ -150,11 +150,11 @@ void NodeOptionTable::addTo(po::options_description& desc) {
   add("memory-ratio-max", po::value<double>(&d.memory_ratio_max)->default_value(d.memory_ratio_max),
       "density: the highest memory overcommit ratio");
   add("cpu-ratio-start", po::value<double>(&d.cpu_ratio_start)->default_value(d.cpu_ratio_start),
-      "density: the CPU overcommit ratio a node starts with");
+      "density: the CPU ratio a node starts with (the sandboxes' CPU use may reach ratio x CPUs)");
   add("cpu-ratio-min", po::value<double>(&d.cpu_ratio_min)->default_value(d.cpu_ratio_min),
-      "density: the lowest CPU overcommit ratio");
+      "density: the lowest CPU ratio (under CPU pressure)");
   add("cpu-ratio-max", po::value<double>(&d.cpu_ratio_max)->default_value(d.cpu_ratio_max),
-      "density: the highest CPU overcommit ratio");
+      "density: the highest CPU ratio");
   add("memory-capacity", po::value<std::string>(), "memory admission counts against (default: physical memory)");
   add("density-interval", po::value<double>(&n.density_interval_seconds)->default_value(n.density_interval_seconds),
       "seconds between the density controller's ticks");

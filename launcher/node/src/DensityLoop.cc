@@ -22,6 +22,8 @@ constexpr size_t kMaxLastActions = 32;  // on /v1/node
 // Per tick, at most this many sandboxes get their cgroup stats read (round robin): 1000s of idle sandboxes
 // must not turn the loop into a file-reading storm. Idleness comes from the registry and costs nothing.
 constexpr size_t kStatsPerTick = 256;
+// CPU admission counts the sandboxes' use averaged over about this long (an exponential moving average).
+constexpr double kCpuUseAverageSeconds = 10;
 
 double round2(double v) { return std::round(v * 100) / 100; }
 
@@ -106,6 +108,9 @@ placement::NodeAdmission DensityLoop::admissionLocked() const {
   state.memory_committed_bytes = committed_memory_ + pending_memory_;
   state.cpus = cpus_;
   state.cpu_committed = committed_cpus_ + pending_cpus_;
+  // Under the density controller batch CPU is admitted by use (placement/Admission.h); static limits count limits.
+  state.cpu_used = cpu_used_recent_;
+  state.cpu_by_use = config_.overcommit;
   return state;  // dedicated cores and sandbox slots are the agent's books (NodeAgent::nodeInfo fills them)
 }
 
@@ -164,6 +169,7 @@ void DensityLoop::tick() {
       v.memory_bytes = per.memory_bytes;
     }
     decision_ = controller_.step(s, views);
+    cpu_used_recent_ += std::min(1.0, interval_ / kCpuUseAverageSeconds) * (s.cpu_used - cpu_used_recent_);
     last_sample_ = s;
     actions = decision_.actions;
   }

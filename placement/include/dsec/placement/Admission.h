@@ -4,10 +4,13 @@
 // reports (GET /v1/node "admission", with every heartbeat and probe) plus its own tickets (creates sent there
 // and not yet seen in a report), so it places only where the node will say yes. There is no second ratio.
 //
-// Memory counts the sandboxes' limits against memory_ratio x capacity. CPUs count their limits against
-// cpu_ratio x CPUs; CPU is compressible (batch sandboxes run SCHED_IDLE), so the density controller keeps
-// cpu_ratio at its bound (1024) until the sandboxes themselves saturate the CPUs: idle sandboxes are admitted
-// by what they use, not by their default of 1 CPU. A latency sandbox also needs ceil(cpus) dedicated cores.
+// Memory counts the sandboxes' limits against memory_ratio x capacity. CPU is compressible (batch sandboxes run
+// SCHED_IDLE, each held to its own `cpus` by its cgroup quota), so under the density controller (cpu_by_use) a
+// node admits by what its sandboxes use: their measured CPU use, recent average, must stay within cpu_ratio x
+// CPUs, a ratio the controller lowers (from 1) only while the sandboxes saturate the CPUs under CPU pressure. A
+// create adds nothing to that (an idle sandbox uses nothing), so the default 1 CPU per sandbox does not cap a
+// node at ratio x cores. With static limits (cpu_by_use false, --overcommit off) the limits count instead:
+// committed CPUs + the request <= cpu_ratio x CPUs. A latency sandbox also needs ceil(cpus) dedicated cores.
 //
 // Pure and allocation-free: the gateway calls it for every node it samples on every create.
 #pragma once
@@ -26,9 +29,11 @@ struct NodeAdmission {
   int64_t memory_capacity_bytes = 0;   // 0: memory is not checked
   int64_t memory_committed_bytes = 0;  // the sandboxes' limits, creates in flight included
   double cpus = 0;                     // 0: CPUs are not checked
-  double cpu_committed = 0;
-  int64_t free_dedicated_cores = -1;  // for latency sandboxes; -1: not checked here (the CPU QoS books decide)
-  int64_t free_sandboxes = -1;        // slots under --max-sandboxes; -1: not checked here
+  double cpu_committed = 0;            // the sandboxes' CPU limits, creates in flight included
+  double cpu_used = 0;                 // CPUs the sandboxes use (recent average), as the node measures them
+  bool cpu_by_use = false;             // admit by cpu_used (density controller) or by cpu_committed (static)
+  int64_t free_dedicated_cores = -1;   // for latency sandboxes; -1: not checked here (the CPU QoS books decide)
+  int64_t free_sandboxes = -1;         // slots under --max-sandboxes; -1: not checked here
 
   bool operator==(const NodeAdmission&) const = default;
 };
@@ -52,8 +57,8 @@ std::string checkAdmission(const NodeAdmission& node, const AdmissionRequest& re
                            std::string_view closed_reason = "");
 // Dedicated cores a latency sandbox of `cpus` needs: whole cores, at least one (as the node's CPU QoS books).
 int64_t dedicatedCoresFor(double cpus);
-// The node's use of what it admits by: the larger of its committed memory and CPU fractions of ratio x capacity
-// (0 for a resource it does not check). The gateway's "least loaded".
+// The node's use of what it admits by: the larger of its committed memory and its CPU (used, or committed with
+// static limits) fractions of ratio x capacity (0 for a resource it does not check). The gateway's "least loaded".
 double admissionLoad(const NodeAdmission& node);
 
 }  // namespace dsec::placement

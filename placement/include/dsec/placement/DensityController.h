@@ -1,6 +1,7 @@
 // The node's density controller, as pure decision logic (docs/density.md). Fed one sample of the node and its
-// sandboxes per tick, it keeps the overcommit ratios admission uses (memory and CPU: committed limits may
-// reach capacity x ratio), a pressure level with hysteresis, and returns the actions to take, in order:
+// sandboxes per tick, it keeps the overcommit ratios admission uses (memory: committed limits may reach
+// capacity x ratio; CPU: what the sandboxes use may reach CPUs x ratio), a pressure level with hysteresis, and returns
+// the actions to take, in order:
 //   level 1 "reclaim":  reclaim memory of idle sandboxes;
 //   level 2 "stop":     stop admitting new sandboxes;
 //   level 3 "pause":    pause the lowest-priority idle sandboxes (batch before latency, longest idle first).
@@ -32,12 +33,13 @@ struct DensityConfig {
   double memory_ratio_max = 32.0;
   double target_utilisation = 0.8;
   double use_bound_min_fraction = 0.25;
-  // CPU is compressible (batch sandboxes run SCHED_IDLE), so its ratio starts at its bound and only falls
-  // when the sandboxes themselves saturate the CPUs: their CPU use >= cpu_busy_fraction of the node while
-  // CPU PSI some avg10 >= cpu_psi_some. Host CPU pressure from other work does not close admission.
-  double cpu_ratio_start = 1024.0;
-  double cpu_ratio_min = 2.0;
-  double cpu_ratio_max = 1024.0;
+  // CPU is compressible (batch sandboxes run SCHED_IDLE), so admission counts what the sandboxes use against
+  // cpu_ratio x CPUs (placement/Admission.h). The ratio starts at its bound, 1 (all the CPUs), and only falls
+  // while the sandboxes themselves saturate the CPUs: their CPU use >= cpu_busy_fraction of the node while CPU
+  // PSI some avg10 >= cpu_psi_some. Host CPU pressure from other work does not close admission.
+  double cpu_ratio_start = 1.0;
+  double cpu_ratio_min = 0.25;
+  double cpu_ratio_max = 1.0;
   double cpu_busy_fraction = 0.85;
   double cpu_psi_some = 50.0;
   double ratio_up = 1.25;

@@ -130,6 +130,9 @@ class DensityLoop {
   // last tick still count, which errs on the safe side for at most one interval). Admission stays O(1).
   int64_t committed_memory_ = 0;
   double committed_cpus_ = 0;
+  // The sandboxes' CPU use, averaged over ~kCpuUseAverageSeconds: what CPU admission counts under the density
+  // controller (one busy second does not close it, a busy minute does).
+  double cpu_used_recent_ = 0;
   std::map<std::string, PerSandbox> per_sandbox_;
   std::map<std::string, uint64_t> actions_total_;
   uint64_t refusals_total_ = 0;
