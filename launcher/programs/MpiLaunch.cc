@@ -139,7 +139,9 @@ std::string startGateway(const LaunchOptions& options, const std::string& fleet_
     return "";
   }
   std::string gateway = "http://" + fleet::advertisedAddress(options, "") + ":" + std::to_string(*port);
-  if (auto st = writeFleetFile(fleet_name, gateway, token, "gateway", options.serve.node.root); !st.ok()) {
+  if (auto st =
+          writeFleetFile(fleet_name, gateway, token, "gateway", options.serve.node.root, options.serve.node.slurm_job);
+      !st.ok()) {
     DSEC_LOG(kError, kLog) << "writing the fleet file: " << st.error().message();
   }
   return gateway;

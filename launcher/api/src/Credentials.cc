@@ -82,12 +82,13 @@ std::string fleetFilePath(const std::string& name) {
 }
 
 Status writeFleetFile(const std::string& name, const std::string& endpoint, const std::string& token,
-                      const std::string& node, const std::string& root) {
+                      const std::string& node, const std::string& root, const std::string& slurm_job) {
   DSEC_TRY(validateFleetName(name));
   std::string path = fleetFilePath(name);
   std::string dir = path.substr(0, path.rfind('/'));
   DSEC_TRY(makePrivateDir(dir));
   nlohmann::json j = {{"endpoint", endpoint}, {"token", token}, {"fleet", name}, {"node", node}, {"root", root}};
+  if (!slurm_job.empty()) j["slurm_job"] = slurm_job;  // a --join agent takes over this job's sandboxes
   return writeFileAtomic(path, j.dump(2) + "\n", 0600);
 }
 

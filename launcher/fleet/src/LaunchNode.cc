@@ -188,7 +188,14 @@ int runJoin(const LaunchOptions& options) {
     return 1;
   }
   (void)installStopSignals();
-  auto node = startLaunchNode(options, token, ep->host);
+  LaunchOptions joining = options;
+  // The fleet's job still runs (its gateway answers): sandboxes it left on this node directory (a rank that
+  // died) are taken over, and this job's epilog destroys them; those of any other job are reaped.
+  std::string fleet_job = fleetfile.value("slurm_job", "");
+  if (!fleet_job.empty() && fleet_job != joining.serve.node.slurm_job) {
+    joining.serve.node.adopt_jobs.push_back(fleet_job);
+  }
+  auto node = startLaunchNode(joining, token, ep->host);
   if (!node.ok()) {
     DSEC_LOG(kError, kLog) << "starting the node: " << node.error().message();
     return 1;
