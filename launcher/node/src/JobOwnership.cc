@@ -94,26 +94,26 @@ int releaseLayerMounts(const std::string& state_dir, JobCleanupReport& report) {
   return released;
 }
 
-// The sandboxes of claim.job in one node directory. The directory is locked first: a live agent holding it
-// (an agent of this job cannot be alive any more; so it is another job's, which took the directory over and
-// owns everything in it) is left alone.
-void cleanUpClaim(const JobClaim& claim, JobCleanupReport& report) {
+// The sandboxes of claim.job in one node directory; false when the directory was left alone. It is locked
+// first: a live agent holding it (in an epilog no agent of the job is alive any more, so it is another job's,
+// which took the directory over) is left alone, and so is the claim, for a later run.
+bool cleanUpClaim(const JobClaim& claim, JobCleanupReport& report) {
   auto lock = StateDirLock::acquire(claim.state_dir, claim.job);
   if (!lock.ok() && ::access(claim.state_dir.c_str(), F_OK) == 0) {
     report.notes.push_back(claim.state_dir + " left alone: " + lock.error().message());
-    return;
+    return false;
   }
   // (A directory removed since: no records and no mounts there, but the cgroups under the parent still go.)
   FileStateStore store(claim.state_dir + "/state/sandboxes");
   auto records = store.loadAll();
   if (!records.ok() && records.error().code() != ErrorCode::kNotFound) {
     report.notes.push_back("reading the records in " + claim.state_dir + ": " + records.error().message());
-    return;
+    return false;
   }
   auto backend = reapingBackend(claim.cgroup_parent);
   if (!backend.ok()) {
     report.notes.push_back("cannot reap in " + claim.state_dir + ": " + backend.error().message());
-    return;
+    return false;
   }
   int other_jobs = 0;
   for (const auto& entry : records.ok() ? *records : std::vector<StoredState>{}) {
@@ -132,7 +132,7 @@ void cleanUpClaim(const JobClaim& claim, JobCleanupReport& report) {
   if (other_jobs > 0) {
     report.notes.push_back(claim.state_dir + " keeps " + std::to_string(other_jobs) +
                            " sandbox(es) of other jobs, and its layer mounts");
-    return;
+    return true;
   }
   // No record is left: a cgroup under the parent is what a dead agent of this directory had not recorded yet.
   if (auto leftovers = (*backend)->listLeftovers(); leftovers.ok()) {
@@ -146,6 +146,7 @@ void cleanUpClaim(const JobClaim& claim, JobCleanupReport& report) {
   }
   removeEmptyCgroupParent(claim.cgroup_parent);
   report.mounts += releaseLayerMounts(claim.state_dir, report);
+  return true;
 }
 
 }  // namespace
@@ -228,8 +229,7 @@ Result<JobCleanupReport> cleanUpSlurmJob(const std::string& registry_dir, const 
     }
     if (claim->host != host || claim->job != job) continue;  // another node's (sharing this /run) or misplaced
     ++report.directories;
-    cleanUpClaim(*claim, report);
-    ::unlink(path.c_str());
+    if (cleanUpClaim(*claim, report)) ::unlink(path.c_str());
   }
   (void)::rmdir(dir.c_str());
   if (report.sandboxes || report.leftovers || report.mounts) {
