@@ -8,9 +8,10 @@
 #   jobend_test.sh timelimit  the job runs out of time (TimeLimit cut to 1 s with scontrol)
 #   jobend_test.sh sigkill    the agents of n2 and n3 are SIGKILLed, one is restarted inside the same job (it
 #                             re-adopts its sandboxes), then scancel: the epilog (spank_dsec.so) destroys the rest
-#   jobend_test.sh nodefail   n3's agent SIGKILLed and n3 set DOWN (Slurm ends the job: NODE_FAIL); the
-#                             sandboxes left on n3, whose epilog never runs, are reaped, with a log line, by
-#                             the next fleet job on the same root, which adopts none of them
+#   jobend_test.sh nodefail   n3's agent and slurmd SIGKILLed and n3 set DOWN (Slurm ends the job: NODE_FAIL);
+#                             n3 "reboots" (its /run claims are removed, its slurmd started again), so its
+#                             epilog finds nothing: the sandboxes left on n3 are reaped, with a log line, by the
+#                             next fleet job on the same root, which adopts none of them
 #   jobend_test.sh mpirun     the fleet started with Open MPI's mpirun inside the allocation (not srun): a
 #                             sandbox made and used through the gateway; scancel shuts it down cleanly
 # Exit 77 = cannot run here. Environment: DSEC_LAUNCH (the dsec-launch binary), DSEC_CLI (dsec, for the clean-up
@@ -48,7 +49,11 @@ cleanup() {
     local rc=$?
     set +e
     for j in "${JOBS[@]}"; do scancel "$j" 2>/dev/null; done
-    [ -n "$DOWNED" ] && scontrol update nodename="$DOWNED" state=resume 2>/dev/null
+    if [ -n "$DOWNED" ]; then
+        node_slurmd "$DOWNED" >/dev/null || start_slurmd "$DOWNED"
+        for _ in $(seq 1 100); do node_slurmd "$DOWNED" >/dev/null && break; sleep 0.2; done
+        scontrol update nodename="$DOWNED" state=resume 2>/dev/null
+    fi
     for _ in $(seq 1 150); do
         left=0
         for j in "${JOBS[@]}"; do [ -n "$(squeue -h -j "$j" 2>/dev/null)" ] && left=1; done
@@ -81,11 +86,17 @@ wait_for() {  # seconds what command...
     local end=$(( $(date +%s) + $1 )) what=$2; shift 2
     until "$@" >/dev/null 2>&1; do [ "$(date +%s)" -lt "$end" ] || fail "timed out waiting for $what"; sleep 0.3; done
 }
-node_slurmd() {  # node -> pid of its slurmd
+node_slurmd() {  # node -> pid of its slurmd (fails when there is none)
     local p
     for p in $(ip netns pids "${NET_PREFIX}-$1" 2>/dev/null); do
-        [ "$(cat "/proc/$p/comm" 2>/dev/null)" = slurmd ] && { echo "$p"; return; }
+        [ "$(cat "/proc/$p/comm" 2>/dev/null)" = slurmd ] && { echo "$p"; return 0; }
     done
+    return 1
+}
+no_slurmd() { ! node_slurmd "$1" >/dev/null; }
+start_slurmd() {  # node: as tests/slurm/cluster/start-cluster.sh starts it (stop-cluster.sh finds it by the mark)
+    env "DSEC_SLURM_CLUSTER=$BASE" nsenter --net="/run/netns/${NET_PREFIX}-$1" unshare --uts \
+        sh -c 'hostname "$1" && exec slurmd -N "$1"' sh "$1"
 }
 launch_pids() {  # node -> pids of this fleet's dsec-launch processes there (ranks and gateway)
     local p cmd
@@ -253,29 +264,40 @@ EOF
 }
 
 t_nodefail() {
-    start_fleet "$REPO/slurm-configs/rollout-fleet.sbatch"
+    # --no-requeue: a batch job is otherwise requeued (and starts again with the same id) after a node failure.
+    start_fleet --no-requeue "$REPO/slurm-configs/rollout-fleet.sbatch"
     make_sandboxes
     local first=$JOB p
     p=$(rank_pid n3)
     [ -n "$p" ] || fail "no agent of the fleet on n3"
+    # The node dies: its agent and its slurmd (so no epilog can run there), and Slurm declares it DOWN.
     kill -KILL "$p"
     DOWNED=n3
+    kill -KILL "$(node_slurmd n3)"
+    wait_for 10 "n3's slurmd to die" no_slurmd n3
     scontrol update nodename=n3 state=down reason="dsec jobend test: node failure"
-    log "n3's agent SIGKILLed and n3 set DOWN"
+    log "n3's agent and slurmd SIGKILLed, n3 set DOWN"
     wait_for 60 "job $first to end" not_queued "$first"
     log "job $first ended: $(job_state "$first")"
-    scontrol update nodename=n3 state=resume
+    [ "$(job_state "$first")" = NODE_FAIL ] || fail "job $first ended as $(job_state "$first"), not NODE_FAIL"
+    # When n3's slurmd comes back, Slurm sends it the job's end again and its epilog runs then. A node that
+    # really failed rebooted: its /run (the job's claims) is gone, and with it what the epilog would find; here
+    # its sandboxes even kept running. Only the records on the shared root are left to go by.
+    grep -l '"host":"n3"' "$REGISTRY/$first"/*.json | xargs -r rm -f
+    start_slurmd n3
+    wait_for 30 "n3's slurmd" node_slurmd n3
+    scontrol update nodename=n3 state=resume 2>/dev/null || true
     DOWNED=""
     wait_for 60 "n3 to be usable again" node_usable n3
     # n1 and n2 had their epilog; n3 did not (Slurm never ran it on a DOWN node): its sandboxes are still there.
     local left; left=$(leftovers_of "$first" | grep -c "^init " || true)
     log "after the node failure, $left sandbox init(s) of job $first are left (on n3, whose epilog did not run)"
+    [ "$left" -gt 0 ] || fail "nothing of job $first was left on n3: the node failure was not simulated"
     # The next fleet job on the same root reaps them at start, saying so, and adopts none of them.
     rm -f "$FLEET_FILE"
     start_fleet "$REPO/slurm-configs/rollout-fleet.sbatch"
-    if [ "$left" -gt 0 ]; then
-        wait_for 20 "the new job's log line about job $first" grep -c "belongs to Slurm job $first, not to this agent's job $JOB: reaping it" "$WORK/fleet-$JOB.out"
-    fi
+    wait_for 20 "the new job's log line about job $first" grep -c "belongs to Slurm job $first, not to this agent's job $JOB: reaping it" "$WORK/fleet-$JOB.out"
+    log "the next job says: $(grep -m1 "belongs to Slurm job $first" "$WORK/fleet-$JOB.out" | sed 's/.*node: //')"
     fleet_py <<'EOF'
 import pydsec
 left = pydsec.Client().list()
