@@ -152,10 +152,13 @@ void NodeAgent::shutdown(bool destroy_sandboxes) {
     none_left = sandboxes_.empty();
     sandboxes_.clear();
   }
-  if (!none_left) return;
-  removeEmptyCgroupParent(cgroup_parent_);
-  // Nothing of the job is left here: its epilog has nothing to do on this directory.
-  if (claim_) (void)removeJobClaim(options_.job_registry_dir, *claim_);
+  if (none_left) {
+    removeEmptyCgroupParent(cgroup_parent_);
+    // Nothing of the job is left here: its epilog has nothing to do on this directory.
+    if (claim_) (void)removeJobClaim(options_.job_registry_dir, *claim_);
+  }
+  // Done with the directory: the next agent (or the job's epilog) may take it.
+  dir_lock_ = StateDirLock();
 }
 
 Status NodeAgent::claimDirectory() {

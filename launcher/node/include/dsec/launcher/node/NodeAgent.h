@@ -201,7 +201,7 @@ class NodeAgent : private DensityHost {
 
   NodeOptions options_;
   Metrics* metrics_;
-  StateDirLock dir_lock_;  // real parts only; released last, when the agent is gone
+  StateDirLock dir_lock_;  // real parts only; released when the agent shuts down
   std::optional<JobClaim> claim_;
   int64_t node_memory_bytes_ = 0;
   std::unique_ptr<ImageSource> images_;
