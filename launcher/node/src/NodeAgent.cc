@@ -152,11 +152,9 @@ void NodeAgent::shutdown(bool destroy_sandboxes) {
     none_left = sandboxes_.empty();
     sandboxes_.clear();
   }
-  if (none_left) {
-    removeEmptyCgroupParent(cgroup_parent_);
-    // Nothing of the job is left here: its epilog has nothing to do on this directory.
-    if (claim_) (void)removeJobClaim(options_.job_registry_dir, *claim_);
-  }
+  if (none_left) removeEmptyCgroupParent(cgroup_parent_);
+  // The job's claim stays for its epilog even when no sandbox is left: the layer mounts go only when the
+  // image source does, and a rank killed soon after SIGTERM (mpirun does that) never gets there.
   // Done with the directory: the next agent (or the job's epilog) may take it.
   dir_lock_ = StateDirLock();
 }
@@ -180,7 +178,6 @@ Status NodeAgent::claimDirectory() {
   if (auto st = registerJobClaim(options_.job_registry_dir, claim); !st.ok()) {
     return st.error().wrap("recording what Slurm job " + claim.job + " owns here, for its epilog");
   }
-  claim_ = std::move(claim);
   return okStatus();
 }
 

@@ -202,7 +202,6 @@ class NodeAgent : private DensityHost {
   NodeOptions options_;
   Metrics* metrics_;
   StateDirLock dir_lock_;  // real parts only; released when the agent shuts down
-  std::optional<JobClaim> claim_;
   int64_t node_memory_bytes_ = 0;
   std::unique_ptr<ImageSource> images_;
   std::unique_ptr<StateStore> state_;
