@@ -271,6 +271,7 @@ class Outcome:
     total: int = N_TESTS
     reward: float = 0.0
     error: Optional[str] = None
+    masked: bool = False  # lost to the platform (pydsec.InfraError): left out of the reward statistics
 
     @property
     def as_expected(self) -> bool:
@@ -310,6 +311,9 @@ async def rollout_one(client: pydsec.aio.Client, out: Outcome, run_id: str, sem:
                     raise RuntimeError(f"test run failed: {tests!r}")
                 out.passed, out.total = await grade(client, tests.stderr + tests.stdout)
                 out.reward = out.passed / out.total
+        except pydsec.InfraError as e:  # the platform lost this rollout: mask it, never score it 0
+            out.masked = True
+            out.error = f"masked ({type(e).__name__}): {e}"
         except Exception as e:  # reported in the table; the run exits non-zero
             out.error = f"{type(e).__name__}: {e}"
         finally:
@@ -390,8 +394,11 @@ def main() -> int:
     outcomes, wall, leftovers = asyncio.run(go())
     print_table(outcomes)
     creates = [o.create_ms for o in outcomes if o.create_ms is not None]
-    mean_reward = sum(o.reward for o in outcomes) / len(outcomes)
-    print(f"rollout: {len(outcomes)} sandboxes, mean reward {mean_reward:.3f}, create p50 {percentile(creates, 50):.1f} "
+    scored = [o for o in outcomes if not o.masked]
+    mean_reward = sum(o.reward for o in scored) / len(scored) if scored else float("nan")
+    masked = len(outcomes) - len(scored)
+    print(f"rollout: {len(outcomes)} sandboxes ({masked} masked as lost to the platform), mean reward {mean_reward:.3f} "
+          f"over the rest, create p50 {percentile(creates, 50):.1f} "
           f"ms p99 {percentile(creates, 99):.1f} ms, wall {wall:.2f} s")
     failed = [o for o in outcomes if o.error is not None]
     wrong = [o for o in outcomes if o.error is None and not o.as_expected]

@@ -5,14 +5,17 @@
 // layers in the page cache (docs/density.md).
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <mutex>
 #include <optional>
+#include <utility>
 
 #include "BenchDensityMemory.h"
 #include "BenchSupport.h"
+#include "dsec/common/Directory.h"
 #include "dsec/common/Strings.h"
 #include "dsec/fs3/LayerRef.h"
 #include "dsec/fs3/LayerStore.h"
@@ -42,6 +45,8 @@ struct RunResult {
   int held = 0;
   double host_mb_per_sandbox = 0;
   double seconds = 0;
+  double create_p50_first_ms = 0, create_p50_last_ms = 0;
+  size_t create_p50_window = 0;
   std::string stopped_by;
   std::string detail = "{}";  // JSON text (a json member would make the implicit moves throwing)
 };
@@ -83,7 +88,27 @@ struct Held {
   int held = 0;                  // those whose workload started
   std::string first_error;       // what stopped the run ("" : the count was reached)
   double seconds = 0;
+  // Each create request's latency, by when it started (seconds since the run began, milliseconds).
+  std::vector<std::pair<double, double>> creates;
 };
+
+// p50 of the first and the last creates: 1,000 of each, or a tenth of them when there are fewer than 10,000 (the
+// first show the empty node, the last the full one: a create's cost must not grow with the live sandboxes).
+struct CreateP50s {
+  double first_ms = 0, last_ms = 0;
+  size_t window = 0;  // creates in each
+};
+CreateP50s firstAndLastCreateP50(std::vector<std::pair<double, double>> creates) {
+  if (creates.empty()) return {};
+  std::sort(creates.begin(), creates.end());
+  const size_t window = creates.size() >= 10000 ? 1000 : std::max<size_t>(1, creates.size() / 10);
+  std::vector<double> first, last;
+  for (size_t i = 0; i < window; ++i) {
+    first.push_back(creates[i].second);
+    last.push_back(creates[creates.size() - window + i].second);
+  }
+  return {percentile(first, 50), percentile(last, 50), window};
+}
 
 // Creates sandboxes until the count is reached or one create or exec fails.
 Held holdSandboxes(const BenchTarget& target, const RunConfig& rc) {
@@ -98,7 +123,13 @@ Held holdSandboxes(const BenchTarget& target, const RunConfig& rc) {
   double start = monotonicSeconds();
   runWorkers(target.address, rc.concurrency, [&](ApiClient& client, int) {
     while (!stop.load() && next++ < rc.count) {
-      std::string error = createAndExec(client, create_body, exec_body, &mu, &out.ids);
+      const double began = monotonicSeconds();
+      double created_at = 0;
+      std::string error = createAndExec(client, create_body, exec_body, &mu, &out.ids, &created_at);
+      {
+        std::lock_guard lock(mu);
+        out.creates.emplace_back(began - start, (created_at - began) * 1000);
+      }
       if (!error.empty()) {
         stop.store(true);
         std::lock_guard lock(mu);
@@ -117,6 +148,9 @@ Held holdSandboxes(const BenchTarget& target, const RunConfig& rc) {
 // Host memory and page cache before and after the sandboxes, and the node's view of them.
 struct MemoryReading {
   std::optional<double> host_before_mb, host_after_mb;
+  // Open fds of this process (an embedded node is the agent) before and after the sandboxes; -1 when the node
+  // runs elsewhere.
+  int agent_fds_before = -1, agent_fds_after = -1;
   int64_t cache_before = 0, cache_after = 0;  // the image's layer pages resident, bytes
   ProcessMemory processes;
   // GET /v1/node "density" as JSON text ("" if none): a json member would make the implicit moves throwing.
@@ -128,8 +162,15 @@ std::optional<double> hostMemoryMb() {
   return mb.ok() ? std::optional<double>(*mb) : std::nullopt;
 }
 
+int openFdsIfEmbedded(const BenchTarget& target) {
+  if (!target.node) return -1;
+  auto fds = listDirectory("/proc/self/fd");
+  return fds.ok() ? static_cast<int>(fds->size()) : -1;
+}
+
 void readAfter(const BenchTarget& target, const RunConfig& rc, MemoryReading* m) {
   m->host_after_mb = hostMemoryMb();
+  m->agent_fds_after = openFdsIfEmbedded(target);
   m->cache_after = imageResidentBytes(rc.target.root, target.image);
   m->processes = sandboxProcessMemory(launcher::cgroupParentForRoot(rc.target.root));
   ApiClient client(target.address);
@@ -153,17 +194,27 @@ RunResult runResult(const RunConfig& rc, const Held& held, const MemoryReading& 
     res.host_mb_per_sandbox = (*m.host_after_mb - *m.host_before_mb + cacheDeltaMb(m)) / n;
   }
   res.stopped_by = held.first_error.empty() ? "count reached" : held.first_error;
+  CreateP50s p50s = firstAndLastCreateP50(held.creates);
+  res.create_p50_first_ms = p50s.first_ms;
+  res.create_p50_last_ms = p50s.last_ms;
+  res.create_p50_window = p50s.window;
   const ProcessMemory& pm = m.processes;
   json detail = {{"controller", rc.controller ? "on" : "off"},
                  {"held", res.held},
                  {"host_mb_per_sandbox", round3(res.host_mb_per_sandbox)},
                  {"seconds", std::round(res.seconds * 100) / 100},
+                 {"create_p50_first_ms", round3(res.create_p50_first_ms)},
+                 {"create_p50_last_ms", round3(res.create_p50_last_ms)},
+                 {"load_average", loadAverages()},
                  {"stopped_by", res.stopped_by},
                  {"layer_cache_mb", round3(static_cast<double>(m.cache_after) / kMiB)},
                  {"rss_file_mb_per_sandbox", round3(pm.rss_file / kMiB / n)},
                  {"pss_file_mb_per_sandbox", round3(pm.pss_file / kMiB / n)},
                  {"rss_anon_mb_per_sandbox", round3(pm.rss_anon / kMiB / n)},
                  {"processes", pm.processes}};
+  if (m.agent_fds_before >= 0 && m.agent_fds_after >= 0 && res.held > 0) {
+    detail["agent_fds_per_sandbox"] = round3(static_cast<double>(m.agent_fds_after - m.agent_fds_before) / n);
+  }
   if (pm.pss_file > 0) detail["file_sharing_factor"] = std::round(pm.rss_file / pm.pss_file * 10) / 10;
   if (!m.node_density.empty()) {
     json density = json::parse(m.node_density);
@@ -184,6 +235,13 @@ void printRun(const RunConfig& rc, const RunResult& res, const MemoryReading& m)
       "%.3f MB per sandbox\n",
       res.held, rc.count, res.seconds, m.host_before_mb.value_or(0.0), m.host_after_mb.value_or(0.0), cacheDeltaMb(m),
       res.host_mb_per_sandbox);
+  std::printf("create p50: %.2f ms over the first %zu creates, %.2f ms over the last %zu (load average %s)\n",
+              res.create_p50_first_ms, res.create_p50_window, res.create_p50_last_ms, res.create_p50_window,
+              loadAverages().c_str());
+  if (m.agent_fds_before >= 0 && m.agent_fds_after >= 0) {
+    std::printf("agent open fds: %d -> %d (%.2f per sandbox)\n", m.agent_fds_before, m.agent_fds_after,
+                static_cast<double>(m.agent_fds_after - m.agent_fds_before) / n);
+  }
   if (pm.processes > 0) {
     std::printf(
         "page cache: the image's layers hold %.1f MB resident, counted once; each sandbox maps %.2f MB of "
@@ -206,6 +264,7 @@ RunResult runOnce(const Invocation& inv, const RunConfig& rc, int* exit_code) {
   MemoryReading memory;
   memory.host_before_mb = hostMemoryMb();
   memory.cache_before = imageResidentBytes(rc.target.root, target->image);
+  memory.agent_fds_before = openFdsIfEmbedded(*target);
   Held held = holdSandboxes(*target, rc);
   sleep(2);  // let the page cache and the controller settle before measuring
   readAfter(*target, rc, &memory);
@@ -289,6 +348,8 @@ json densitySummary(const RunConfig& rc, const std::string& controller, const st
   summary["held"] = last.held;
   summary["host_mb_per_sandbox"] = round3(last.host_mb_per_sandbox);
   summary["seconds"] = std::round(last.seconds * 100) / 100;
+  summary["create_p50_first_ms"] = round3(last.create_p50_first_ms);
+  summary["create_p50_last_ms"] = round3(last.create_p50_last_ms);
   if (runs.size() == 2) {
     summary["held_static"] = runs[0].held;
     summary["held_controller"] = runs[1].held;

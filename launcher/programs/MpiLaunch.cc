@@ -120,8 +120,6 @@ std::string startGateway(const LaunchOptions& options, const std::string& fleet_
   config.seed_file = fleet_dir + "/fleet-nodes.json";
   config.port_file = fleet_dir + "/gateway-port";
   config.port = options.port;
-  config.cpu_overcommit = options.cpu_overcommit;
-  config.memory_overcommit = options.memory_overcommit;
   config.lost_after_seconds = options.lost_after;
   config.http = options.serve.http;
   for (const auto& [path, text] :

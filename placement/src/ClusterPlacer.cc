@@ -29,6 +29,16 @@ std::string cpusText(double cpus) {
   return out.str();
 }
 
+// Least loaded first: the larger of the committed memory and CPU fractions of what the node admits, then the
+// fewer sandboxes (nodes that check nothing yet, or requests without limits, still spread).
+struct Score {
+  double load = 0;
+  int64_t sandboxes = 0;
+  bool operator<(const Score& other) const {
+    return load != other.load ? load < other.load : sandboxes < other.sandboxes;
+  }
+};
+
 bool excluded(const std::vector<NodeId>& exclude, NodeId id) {
   for (NodeId e : exclude) {
     if (e == id) return true;
@@ -98,15 +108,6 @@ uint64_t ClusterPlacer::backendBit(std::string_view backend) {
   return 1ULL << (backend_names_.size() - 1);
 }
 
-void ClusterPlacer::recomputeLimits(Node& node) {
-  double cpu_ratio = node.cpu_ratio > 0 ? node.cpu_ratio : options_.cpu_overcommit;
-  double memory_ratio = node.memory_ratio > 0 ? node.memory_ratio : options_.memory_overcommit;
-  node.limit_milli = static_cast<int64_t>(std::floor(static_cast<double>(node.cap_milli) * cpu_ratio));
-  node.limit_memory = static_cast<int64_t>(std::floor(static_cast<double>(node.cap_memory) * memory_ratio));
-  node.inv_limit_milli = node.limit_milli > 0 ? 1.0 / static_cast<double>(node.limit_milli) : 0;
-  node.inv_limit_memory = node.limit_memory > 0 ? 1.0 / static_cast<double>(node.limit_memory) : 0;
-}
-
 NodeId ClusterPlacer::addNode(const NodeInfo& info) {
   std::lock_guard lock(mu_);
   NodeId id;
@@ -126,9 +127,13 @@ NodeId ClusterPlacer::addNode(const NodeInfo& info) {
   node.draining = info.draining;
   node.cap_milli = static_cast<int64_t>(info.capacity.pus) * 1000;
   node.cap_memory = info.capacity.memory_bytes;
-  node.cpu_ratio = info.cpu_overcommit;
-  node.memory_ratio = info.memory_overcommit;
-  recomputeLimits(node);
+  if (info.admission) {
+    node.known = true;
+    node.admission = *info.admission;
+  } else if (!node.known) {
+    // Nothing checked until the node reports (capacities 0, -1): it decides alone.
+    node.admission = NodeAdmission{.free_dedicated_cores = -1, .free_sandboxes = -1};
+  }
   return id;
 }
 
@@ -144,16 +149,19 @@ size_t ClusterPlacer::nodeCount() const {
   return nodes_.size();
 }
 
-bool ClusterPlacer::fits(const Node& node, uint64_t backend_bit, int64_t milli, int64_t memory) const {
-  return node.healthy && !node.draining && (backend_bit == 0 || (node.backends & backend_bit) != 0) &&
-         node.used_milli + milli <= node.limit_milli &&
-         (node.limit_memory == 0 || node.used_memory + memory <= node.limit_memory);
+NodeAdmission ClusterPlacer::withInFlight(const Node& node) {
+  NodeAdmission a = node.admission;
+  a.memory_committed_bytes += node.in_flight_memory;
+  a.cpu_committed += static_cast<double>(node.in_flight_milli) / 1000.0;
+  if (a.free_sandboxes >= 0) a.free_sandboxes = std::max<int64_t>(0, a.free_sandboxes - node.in_flight);
+  if (a.free_dedicated_cores >= 0)
+    a.free_dedicated_cores = std::max<int64_t>(0, a.free_dedicated_cores - node.in_flight_cores);
+  return a;
 }
 
-double ClusterPlacer::score(const Node& node, int64_t /*milli*/, int64_t /*memory*/) const {
-  // The scarcer of the two resources decides: a node full of memory is full whatever its CPUs say.
-  return std::max(static_cast<double>(node.used_milli) * node.inv_limit_milli,
-                  static_cast<double>(node.used_memory) * node.inv_limit_memory);
+bool ClusterPlacer::fits(const Node& node, uint64_t backend_bit, const AdmissionRequest& request) const {
+  return node.healthy && !node.draining && (backend_bit == 0 || (node.backends & backend_bit) != 0) &&
+         admissionRefusal(withInFlight(node), request) == AdmissionRefusal::kNone;
 }
 
 Result<Ticket> ClusterPlacer::place(const ClusterRequest& request, const std::vector<NodeId>& exclude) {
@@ -163,6 +171,8 @@ Result<Ticket> ClusterPlacer::place(const ClusterRequest& request, const std::ve
   }
   const auto milli = static_cast<int64_t>(std::llround(request.cpus * 1000.0));
   const int64_t memory = request.memory_bytes;
+  const AdmissionRequest asked{memory, request.cpus, request.latency};
+  const int64_t cores = request.latency ? dedicatedCoresFor(request.cpus) : 0;
   std::lock_guard lock(mu_);
   uint64_t bit = 0;
   if (!lookupBackend(request.backend, bit)) return nothingFits(request, ~0ULL, exclude);
@@ -170,10 +180,11 @@ Result<Ticket> ClusterPlacer::place(const ClusterRequest& request, const std::ve
   if (n == 0) return Error(ErrorCode::kResourceExhausted, "no node has registered yet");
 
   NodeId best = -1;
-  double best_score = std::numeric_limits<double>::infinity();
+  Score best_score;
   auto consider = [&](NodeId id) {
-    double s = score(nodes_[id], milli, memory);
-    if (s < best_score) {
+    const Node& node = nodes_[id];
+    Score s{admissionLoad(withInFlight(node)), node.sandboxes + node.in_flight};
+    if (best < 0 || s < best_score) {
       best_score = s;
       best = id;
     }
@@ -181,7 +192,7 @@ Result<Ticket> ClusterPlacer::place(const ClusterRequest& request, const std::ve
 
   if (options_.strategy == Strategy::kLeastLoaded) {
     for (NodeId id = 0; id < static_cast<NodeId>(n); ++id) {
-      if (fits(nodes_[id], bit, milli, memory) && !excluded(exclude, id)) consider(id);
+      if (fits(nodes_[id], bit, asked) && !excluded(exclude, id)) consider(id);
     }
   } else {
     const int k = options_.strategy == Strategy::kRandom ? 1 : options_.k;
@@ -193,7 +204,7 @@ Result<Ticket> ClusterPlacer::place(const ClusterRequest& request, const std::ve
       auto id = static_cast<NodeId>(randomBelow(n));
       bool seen = false;
       for (int i = 0; i < found; ++i) seen = seen || sampled[i] == id;
-      if (seen || !fits(nodes_[id], bit, milli, memory) || excluded(exclude, id)) continue;
+      if (seen || !fits(nodes_[id], bit, asked) || excluded(exclude, id)) continue;
       sampled[found++] = id;
       consider(id);
     }
@@ -201,7 +212,7 @@ Result<Ticket> ClusterPlacer::place(const ClusterRequest& request, const std::ve
       // Slow path (a nearly full or mostly unhealthy cell): sample among all eligible nodes exactly.
       scratch_.clear();
       for (NodeId id = 0; id < static_cast<NodeId>(n); ++id) {
-        if (fits(nodes_[id], bit, milli, memory) && !excluded(exclude, id)) scratch_.push_back(id);
+        if (fits(nodes_[id], bit, asked) && !excluded(exclude, id)) scratch_.push_back(id);
       }
       // Partial Fisher-Yates over the eligible list for the draws still missing.
       auto eligible = static_cast<uint32_t>(scratch_.size());
@@ -219,12 +230,11 @@ Result<Ticket> ClusterPlacer::place(const ClusterRequest& request, const std::ve
   }
   if (best < 0) return nothingFits(request, bit, exclude);
   Node& node = nodes_[best];
-  node.used_milli += milli;
-  node.used_memory += memory;
   node.in_flight_milli += milli;
   node.in_flight_memory += memory;
+  node.in_flight_cores += cores;
   node.in_flight += 1;
-  return Ticket{best, milli, memory};
+  return Ticket{best, milli, memory, cores};
 }
 
 void ClusterPlacer::confirm(const Ticket& ticket, bool ok) {
@@ -233,21 +243,28 @@ void ClusterPlacer::confirm(const Ticket& ticket, bool ok) {
   Node& node = nodes_[ticket.node];
   node.in_flight_milli -= ticket.milli_cpus;
   node.in_flight_memory -= ticket.memory_bytes;
+  node.in_flight_cores -= ticket.dedicated_cores;
   node.in_flight -= 1;
-  if (ok) {
-    node.sandboxes += 1;
-  } else {
-    node.used_milli -= ticket.milli_cpus;
-    node.used_memory -= ticket.memory_bytes;
+  if (!ok) return;
+  // Committed from now on, until the node's next report (which then includes it) replaces the books.
+  NodeAdmission& a = node.admission;
+  a.memory_committed_bytes += ticket.memory_bytes;
+  a.cpu_committed += static_cast<double>(ticket.milli_cpus) / 1000.0;
+  if (a.free_sandboxes >= 0) a.free_sandboxes = std::max<int64_t>(0, a.free_sandboxes - 1);
+  if (a.free_dedicated_cores >= 0) {
+    a.free_dedicated_cores = std::max<int64_t>(0, a.free_dedicated_cores - ticket.dedicated_cores);
   }
+  node.sandboxes += 1;
 }
 
 void ClusterPlacer::release(NodeId id, double cpus, int64_t memory_bytes) {
   std::lock_guard lock(mu_);
   if (id < 0 || id >= static_cast<NodeId>(nodes_.size())) return;
   Node& node = nodes_[id];
-  node.used_milli = std::max(node.in_flight_milli, node.used_milli - static_cast<int64_t>(std::llround(cpus * 1000.0)));
-  node.used_memory = std::max(node.in_flight_memory, node.used_memory - memory_bytes);
+  NodeAdmission& a = node.admission;
+  a.cpu_committed = std::max(0.0, a.cpu_committed - cpus);
+  a.memory_committed_bytes = std::max<int64_t>(0, a.memory_committed_bytes - memory_bytes);
+  if (a.free_sandboxes >= 0) a.free_sandboxes += 1;
   node.sandboxes = std::max<int64_t>(0, node.sandboxes - 1);
 }
 
@@ -269,23 +286,18 @@ Status ClusterPlacer::setDraining(NodeId id, bool draining) {
   return okStatus();
 }
 
-Status ClusterPlacer::setCommitted(NodeId id, double cpus, int64_t memory_bytes, int64_t sandboxes) {
+Status ClusterPlacer::setAdmission(NodeId id, const NodeAdmission& admission, int64_t sandboxes,
+                                   std::string_view closed_reason) {
+  if (!(admission.memory_ratio >= 0) || !(admission.cpu_ratio >= 0) || !(admission.cpus >= 0)) {
+    return Error::invalid("admission ratios and capacities must be >= 0");
+  }
   std::lock_guard lock(mu_);
   if (id < 0 || id >= static_cast<NodeId>(nodes_.size())) return unknownNode(id);
   Node& node = nodes_[id];
-  node.used_milli = std::llround(cpus * 1000.0) + node.in_flight_milli;
-  node.used_memory = memory_bytes + node.in_flight_memory;
-  node.sandboxes = sandboxes;
-  return okStatus();
-}
-
-Status ClusterPlacer::setOvercommit(NodeId id, double cpu_ratio, double memory_ratio) {
-  std::lock_guard lock(mu_);
-  if (id < 0 || id >= static_cast<NodeId>(nodes_.size())) return unknownNode(id);
-  if (cpu_ratio < 0 || memory_ratio < 0) return Error::invalid("overcommit ratios must be >= 0");
-  nodes_[id].cpu_ratio = cpu_ratio;
-  nodes_[id].memory_ratio = memory_ratio;
-  recomputeLimits(nodes_[id]);
+  node.known = true;
+  node.admission = admission;
+  node.closed_reason.assign(closed_reason);
+  node.sandboxes = std::max<int64_t>(0, sandboxes);
   return okStatus();
 }
 
@@ -296,15 +308,22 @@ NodeLoad ClusterPlacer::loadLocked(const Node& node) const {
   load.draining = node.draining;
   load.capacity_cpus = static_cast<double>(node.cap_milli) / 1000.0;
   load.capacity_memory = node.cap_memory;
-  load.committed_cpus = static_cast<double>(node.used_milli - node.in_flight_milli) / 1000.0;
-  load.committed_memory = node.used_memory - node.in_flight_memory;
+  load.committed_cpus = node.admission.cpu_committed;
+  load.committed_memory = node.admission.memory_committed_bytes;
   load.in_flight_cpus = static_cast<double>(node.in_flight_milli) / 1000.0;
   load.in_flight_memory = node.in_flight_memory;
   load.in_flight = node.in_flight;
   load.sandboxes = node.sandboxes;
-  double cpu = node.cap_milli > 0 ? static_cast<double>(node.used_milli) / static_cast<double>(node.cap_milli) : 0;
-  double mem = node.cap_memory > 0 ? static_cast<double>(node.used_memory) / static_cast<double>(node.cap_memory) : 0;
+  double cpu = node.cap_milli > 0
+                   ? (load.committed_cpus + load.in_flight_cpus) * 1000.0 / static_cast<double>(node.cap_milli)
+                   : 0;
+  double mem = node.cap_memory > 0 ? static_cast<double>(load.committed_memory + load.in_flight_memory) /
+                                         static_cast<double>(node.cap_memory)
+                                   : 0;
   load.utilisation = std::max(cpu, mem);
+  load.admission_known = node.known;
+  load.admission = node.admission;
+  load.closed_reason = node.closed_reason;
   return load;
 }
 
@@ -332,17 +351,19 @@ std::string ClusterPlacer::name(NodeId id) const {
 Error ClusterPlacer::nothingFits(const ClusterRequest& request, uint64_t bit,
                                  const std::vector<NodeId>& exclude) const {
   std::string what = "no node can take a sandbox of " + cpusText(request.cpus) + " CPUs and " +
-                     formatBytes(request.memory_bytes) + " (backend '" + std::string(request.backend) + "')";
+                     formatBytes(request.memory_bytes) + (request.latency ? " (latency" : " (batch") + ", backend '" +
+                     std::string(request.backend) + "')";
   if (bit == ~0ULL) {
     std::string known;
     for (const auto& name : backend_names_) known += (known.empty() ? "" : ", ") + name;
     return Error(ErrorCode::kResourceExhausted,
                  what + ": no node runs that backend (known: " + (known.empty() ? "none" : known) + ")");
   }
-  const auto milli = static_cast<int64_t>(std::llround(request.cpus * 1000.0));
-  int unhealthy = 0, draining = 0, no_backend = 0, full = 0, refused = 0;
+  const AdmissionRequest asked{request.memory_bytes, request.cpus, request.latency};
+  int unhealthy = 0, draining = 0, no_backend = 0, full = 0, closed = 0, refused = 0;
   const Node* roomiest = nullptr;
-  double roomiest_free = -1;
+  double roomiest_load = 0;
+  const Node* first_closed = nullptr;
   for (NodeId id = 0; id < static_cast<NodeId>(nodes_.size()); ++id) {
     const Node& node = nodes_[id];
     if (excluded(exclude, id)) {
@@ -353,25 +374,32 @@ Error ClusterPlacer::nothingFits(const ClusterRequest& request, uint64_t bit,
       ++draining;
     } else if (bit != 0 && (node.backends & bit) == 0) {
       ++no_backend;
+    } else if (!node.admission.admitting) {
+      ++closed;
+      if (first_closed == nullptr) first_closed = &node;
     } else {
       ++full;
-      double free = 1.0 - score(node, milli, request.memory_bytes);
-      if (free > roomiest_free) {
-        roomiest_free = free;
+      double load = admissionLoad(withInFlight(node));
+      if (roomiest == nullptr || load < roomiest_load) {
+        roomiest_load = load;
         roomiest = &node;
       }
     }
   }
   std::string why = what + ": of " + std::to_string(nodes_.size()) + " nodes " + std::to_string(full) + " are full";
+  if (closed) why += ", " + std::to_string(closed) + " not admitting";
   if (unhealthy) why += ", " + std::to_string(unhealthy) + " unhealthy";
   if (draining) why += ", " + std::to_string(draining) + " draining";
   if (no_backend) why += ", " + std::to_string(no_backend) + " lack the backend";
   if (refused) why += ", " + std::to_string(refused) + " already refused it";
+  // In the node's own words (placement/Admission.h), in flight counted.
   if (roomiest != nullptr) {
-    why += "; the most room is on " + roomiest->name + " (" +
-           cpusText(static_cast<double>(roomiest->limit_milli - roomiest->used_milli) / 1000.0) + " CPUs";
-    if (roomiest->limit_memory > 0) why += ", " + formatBytes(roomiest->limit_memory - roomiest->used_memory);
-    why += " free after overcommit)";
+    NodeAdmission a = withInFlight(*roomiest);
+    why += "; the most room is on " + roomiest->name + ": " +
+           explainRefusal(admissionRefusal(a, asked), a, asked, roomiest->closed_reason);
+  } else if (first_closed != nullptr) {
+    why += "; " + first_closed->name + ": " +
+           explainRefusal(AdmissionRefusal::kClosed, first_closed->admission, asked, first_closed->closed_reason);
   }
   return Error(ErrorCode::kResourceExhausted, why);
 }

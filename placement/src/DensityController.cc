@@ -64,26 +64,12 @@ const char* pressureLevelName(PressureLevel level) {
   return "?";
 }
 
-std::string checkAdmission(const DensityDecision& d, const AdmissionState& s, const AdmissionRequest& req) {
-  if (!d.admitting) {
-    return "memory pressure on the node, admission is closed (" +
-           (d.reason.empty() ? std::string("pressure") : d.reason) + ")";
+Result<PressureLevel> parsePressureLevel(const std::string& name) {
+  for (auto level :
+       {PressureLevel::kCalm, PressureLevel::kReclaim, PressureLevel::kStopAdmitting, PressureLevel::kPause}) {
+    if (name == pressureLevelName(level)) return level;
   }
-  if (req.memory_bytes > 0 && s.memory_capacity_bytes > 0) {
-    double allowed = d.memory_ratio * static_cast<double>(s.memory_capacity_bytes);
-    if (static_cast<double>(s.memory_committed_bytes + req.memory_bytes) > allowed) {
-      return "memory: " + mib(s.memory_committed_bytes) + " committed + " + mib(req.memory_bytes) + " asked > " +
-             fmt("%.2f", d.memory_ratio) + " x " + mib(s.memory_capacity_bytes) + " (overcommit ratio x capacity)";
-    }
-  }
-  if (req.cpus > 0 && s.cpu_capacity > 0) {
-    double allowed = d.cpu_ratio * s.cpu_capacity;
-    if (s.cpu_committed + req.cpus > allowed + 1e-9) {
-      return fmt("cpus: %.2f committed + %.2f asked > ", s.cpu_committed, req.cpus) +
-             fmt("%.2f x %.0f CPUs (overcommit ratio x capacity)", d.cpu_ratio, s.cpu_capacity);
-    }
-  }
-  return "";
+  return Error::invalid("unknown pressure level '" + name + "' (calm, reclaim, stop_admitting, pause)");
 }
 
 DensityController::DensityController(DensityConfig config) : config_(config) {

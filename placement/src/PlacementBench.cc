@@ -85,9 +85,13 @@ std::unique_ptr<ClusterPlacer> makeCell(const PlacementBenchOptions& options, St
   cell.k = options.k;
   cell.seed = options.seed;
   cell.strategy = strategy;
-  cell.cpu_overcommit = cpu_ratio;
-  cell.memory_overcommit = memory_ratio;
   auto placer = std::make_unique<ClusterPlacer>(cell);
+  // Every simulated node admits by the bench's ratios (its NodePlacer does the same), as it would report them.
+  NodeAdmission admission;
+  admission.cpu_ratio = cpu_ratio;
+  admission.memory_ratio = memory_ratio;
+  admission.cpus = node.pus;
+  admission.memory_capacity_bytes = node.memory_bytes;
   for (int i = 0; i < options.nodes; ++i) {
     char name[32];
     std::snprintf(name, sizeof(name), "node-%03d", i);
@@ -95,6 +99,7 @@ std::unique_ptr<ClusterPlacer> makeCell(const PlacementBenchOptions& options, St
     info.name = name;
     info.capacity = node;
     info.backends = {"container", "microvm"};
+    info.admission = admission;
     placer->addNode(info);
   }
   return placer;

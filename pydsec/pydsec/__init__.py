@@ -13,15 +13,18 @@ Sandboxes that must survive the trainer's preemption belong to a session (a leas
 
 The asyncio flavour with the same names is :mod:`pydsec.aio`.
 
-Errors derive from :class:`DsecError` (``.code``, ``.status``, ``.message``). The timeout and connection errors
-are called :class:`DsecTimeoutError` and :class:`DsecConnectionError` so that they do not shadow the builtins;
-they also derive from the builtin ``TimeoutError`` and ``ConnectionError``.
+Errors derive from :class:`DsecError` (``.code``, ``.status``, ``.message``). Those that are the platform's fault
+(capacity, timeouts, connection failures, server errors, an unavailable fleet, a lost node) derive from
+:class:`InfraError`: a trainer masks such rollouts out of its reward statistics (see :mod:`pydsec.errors`).
+The timeout and connection errors are called :class:`DsecTimeoutError` and :class:`DsecConnectionError` so that
+they do not shadow the builtins; they also derive from the builtin ``TimeoutError`` and ``ConnectionError``.
 """
 
 from .client import Client, ExecStream, Sandbox
 from .session import Session
 from .errors import (AuthError, CapacityError, ConflictError, DsecConnectionError, DsecError, DsecTimeoutError,
-                     InvalidRequestError, NotFoundError, ServerError, TooLargeError, UnsupportedError)
+                     InfraError, InvalidRequestError, NodeLostError, NotFoundError, ServerError, TooLargeError,
+                     UnavailableError, UnsupportedError)
 from ._tar import UnsafeArchiveError
 from .results import ExecResult
 
@@ -30,5 +33,6 @@ __version__ = "0.1.0"
 __all__ = [
     "Client", "Sandbox", "Session", "ExecStream", "ExecResult", "DsecError", "InvalidRequestError", "TooLargeError",
     "AuthError", "NotFoundError", "ConflictError", "CapacityError", "UnsupportedError", "DsecTimeoutError",
-    "ServerError", "DsecConnectionError", "UnsafeArchiveError", "__version__",
+    "ServerError", "DsecConnectionError", "InfraError", "UnavailableError", "NodeLostError", "UnsafeArchiveError",
+    "__version__",
 ]

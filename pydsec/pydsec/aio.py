@@ -25,7 +25,8 @@ from . import _validate as v
 from . import client as _sync
 from . import session as _sync_session
 from .errors import (AuthError, CapacityError, ConflictError, DsecConnectionError, DsecError, DsecTimeoutError,
-                     InvalidRequestError, NotFoundError, ServerError, TooLargeError, UnsupportedError)
+                     InfraError, InvalidRequestError, NodeLostError, NotFoundError, ServerError, TooLargeError,
+                     UnavailableError, UnsupportedError)
 from .results import ExecResult
 
 T = TypeVar("T")
@@ -34,7 +35,7 @@ _END = object()
 __all__ = [
     "Client", "Sandbox", "Session", "ExecStream", "ExecResult", "DsecError", "InvalidRequestError", "TooLargeError",
     "AuthError", "NotFoundError", "ConflictError", "CapacityError", "UnsupportedError", "DsecTimeoutError",
-    "ServerError", "DsecConnectionError",
+    "ServerError", "DsecConnectionError", "InfraError", "UnavailableError", "NodeLostError",
 ]
 
 

@@ -13,7 +13,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 from . import _config, _tar
 from . import _validate as v
 from ._http import Response, Transport
-from .errors import DsecError, NotFoundError, ServerError
+from .errors import DsecError, NodeLostError, NotFoundError, ServerError, error_from_code
 from .results import ExecResult
 
 Cmd = Union[str, Sequence[str]]
@@ -61,16 +61,19 @@ class ExecStream:
             if not isinstance(doc, dict):
                 self.close()
                 raise ServerError(f"exec stream sent a non-object line: {line[:200]!r}")
+            if isinstance(doc.get("error"), dict):
+                # The node failed the exec after its output had started (the line also says done): an error of
+                # the platform's, never a result, so that it cannot pass for the command's own exit.
+                self.close()
+                err = doc["error"]
+                code = err.get("code") if isinstance(err.get("code"), str) else "internal"
+                raise error_from_code(None, code, str(err.get("message", "exec stream failed")), err)
             if doc.get("done"):
                 self.result = ExecResult.from_json(doc, stdout="".join(self._stdout), stderr="".join(self._stderr))
                 # Read the chunked terminator so that the connection goes back to the pool.
                 response, self._response = self._response, None
                 response.read()
                 raise StopIteration
-            if "error" in doc and isinstance(doc["error"], dict):
-                self.close()
-                err = doc["error"]
-                raise ServerError(str(err.get("message", "exec stream failed")), code=str(err.get("code", "internal")))
             for name in ("stdout", "stderr"):
                 text = doc.get(name)
                 if isinstance(text, str) and text:
@@ -123,8 +126,19 @@ class Sandbox:
 
     # -- lifecycle ----------------------------------------------------------------------------------------
     def info(self) -> Dict[str, Any]:
-        """The sandbox info object (state, limits, usage...), fetched fresh."""
-        self.cached_info = self._t().call("GET", self._path)
+        """The sandbox info object (state, limits, usage...), fetched fresh.
+
+        A sandbox whose node the fleet declared lost has ``"state": "lost"``: the last info seen (its usage is
+        not current), with the ``node`` and the gateway's ``error`` message. A node that is not answering but not
+        yet declared lost raises NodeLostError (``node_state`` ``"unreachable"``).
+        """
+        try:
+            self.cached_info = self._t().call("GET", self._path)
+        except NodeLostError as e:
+            if e.node_state != "lost":
+                raise
+            last = self.cached_info or {}
+            self.cached_info = dict(last, id=self.id, node=e.node or last.get("node"), state="lost", error=e.message)
         return self.cached_info
 
     @property

@@ -60,6 +60,53 @@ TEST(CliBench, DensitySmallRunHoldsSleepers) {
   EXPECT_TRUE(summary.contains("host_mb_per_sandbox"));
 }
 
+// The summary line among output that may interleave the agent's log lines.
+nlohmann::json summaryLine(const std::string& out) {
+  for (const auto& line : split(out, '\n')) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_object() && j.contains("held")) return j;
+  }
+  return nullptr;
+}
+
+TEST(CliBench, DensityReportsFirstAndLastCreateLatencyAndTheAgentsFdsPerSandbox) {
+  DSEC_SKIP_UNLESS_ROOT();
+  if (findProgram("mkfs.erofs").empty()) GTEST_SKIP() << "mkfs.erofs missing (erofs-utils)";
+  TempDir root;
+  auto r = runDsec({"bench", "density", "--count", "20", "--cpus", "0", "--root", root.path()}, {}, 180);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  auto summary = lastJsonLine(r.out);
+  ASSERT_TRUE(summary.is_object()) << r.out;
+  EXPECT_GT(summary["create_p50_first_ms"].get<double>(), 0);
+  EXPECT_GT(summary["create_p50_last_ms"].get<double>(), 0);
+  // An idle sandbox costs the embedded agent one fd (its init's pidfd), plus the cgroup files of the sandboxes that
+  // ran a command lately (here every one: each started its sleeper), one per controller at most.
+  EXPECT_LE(summary["agent_fds_per_sandbox"].get<double>(), 1.0 + 8) << r.out;
+  EXPECT_NE(r.out.find("create p50:"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("MB per sandbox"), std::string::npos) << r.out;
+}
+
+TEST(CliBench, DensityStopsAtTheAgentsOpenFilesLimitNamingIt) {
+  DSEC_SKIP_UNLESS_ROOT();
+  if (findProgram("mkfs.erofs").empty()) GTEST_SKIP() << "mkfs.erofs missing (erofs-utils)";
+  if (findProgram("prlimit").empty()) GTEST_SKIP() << "prlimit missing (util-linux)";
+  if (findProgram("capsh").empty()) GTEST_SKIP() << "capsh missing (libcap2-bin)";
+  TempDir root;
+  // The agent keeps 4096 fds for connections and commands and counts one per sandbox: room for 10 under 4106,
+  // whatever it tries (a hard limit it cannot raise without CAP_SYS_RESOURCE, and the test drops that).
+  CommandOptions options;
+  options.timeout_seconds = 180;
+  auto r = runCommand({"capsh", "--drop=cap_sys_resource", "--", "-c",
+                       "exec prlimit --nofile=4106:4106 " + std::string(DSEC_CLI_PATH) +
+                           " bench density --count 14 --cpus 0 --root " + root.path()},
+                      options);
+  ASSERT_OK(r);
+  auto summary = summaryLine(r->output);
+  ASSERT_TRUE(summary.is_object()) << r->output;
+  EXPECT_EQ(summary["held"], 10) << r->output;
+  EXPECT_NE(summary["stopped_by"].get<std::string>().find("RLIMIT_NOFILE 4106"), std::string::npos) << r->output;
+}
+
 TEST(CliBench, PlacementSmallCellPlacesEverySandbox) {
   auto r = runDsec({"bench", "placement", "--nodes", "8", "--sandboxes", "5000", "--no-compare"}, {}, 120);
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;

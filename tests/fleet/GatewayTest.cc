@@ -36,6 +36,7 @@ class FakeNode : public RequestHandler {
   ~FakeNode() override { stop(); }
   void stop() {
     hang_ = false;
+    hold_creates_ = false;
     if (server_) server_->stop();
   }
   std::string endpoint() const { return server_->endpoint(); }
@@ -61,9 +62,12 @@ class FakeNode : public RequestHandler {
       return ex.sendJson(200, json{{"node", name_},
                                    {"backends", {"container"}},
                                    {"capacity", {{"memory_committed_bytes", 0}, {"cpus", 4}}},
-                                   {"sandboxes", sandboxes_.size()}});
+                                   {"sandboxes", sandboxes_.size()},
+                                   {"admission", admission_}});
     }
     if (target == "/v1/sandboxes" && method == http::verb::post) {
+      creates_++;
+      while (hold_creates_) std::this_thread::sleep_for(std::chrono::milliseconds(5));
       bool too_large = false;
       auto body = json::parse(*ex.readBody(1 << 20, &too_large));
       if (full_) return ex.sendError(429, "capacity", "full", {{"Retry-After", "1"}});
@@ -137,8 +141,9 @@ class FakeNode : public RequestHandler {
   std::unique_ptr<HttpServer> server_;
   std::mutex mu_;
   std::map<std::string, json> sandboxes_;
-  std::atomic<bool> full_{false}, hang_{false}, lapsed_{false};
-  std::atomic<int> requests_{0};
+  json admission_ = nullptr;  // GET /v1/node "admission" (null: the node does not report one)
+  std::atomic<bool> full_{false}, hang_{false}, lapsed_{false}, hold_creates_{false};
+  std::atomic<int> requests_{0}, creates_{0};
   double expires_ = 1000;
 };
 
@@ -180,10 +185,42 @@ class GatewayTest : public ::testing::Test {
     return r.json().value("id", "");
   }
 
+  // Every node reports `admission` (GET /v1/node) and the gateway probes them once (no watcher runs here).
+  void report(const std::map<std::string, json>& admission) {
+    for (const auto& [n, a] : admission) {
+      std::lock_guard lock(nodes_[n]->mu_);
+      nodes_[n]->admission_ = a;
+    }
+    gateway_->probeAll();
+  }
+
   std::unique_ptr<Gateway> gateway_;
   std::map<std::string, std::unique_ptr<FakeNode>> nodes_;
   std::unique_ptr<HttpServer> server_;
 };
+
+// A node's admission state as its density controller reports it: calm, 8 GiB x 8, 4 CPUs x 1024.
+json calmAdmission(int64_t memory_committed = 0) {
+  return json{{"admitting", true},
+              {"level", "calm"},
+              {"reason", ""},
+              {"memory_ratio", 8.0},
+              {"cpu_ratio", 1024.0},
+              {"memory_capacity_bytes", 8LL << 30},
+              {"memory_committed_bytes", memory_committed},
+              {"cpus", 4.0},
+              {"cpu_committed", 0.0},
+              {"free_dedicated_cores", 3},
+              {"free_sandboxes", 4096}};
+}
+
+json pressedAdmission() {
+  json a = calmAdmission();
+  a["admitting"] = false;
+  a["level"] = "stop_admitting";
+  a["reason"] = "memory PSI some avg10 31.0%";
+  return a;
+}
 
 TEST(GatewayPure, SandboxIdNamesItsNode) {
   EXPECT_EQ(nodeOfSandboxId("n2-3fa9c2d1e4b5a6c7"), "n2");
@@ -263,6 +300,79 @@ TEST_F(GatewayTest, AFullNodeIsPlacedAroundAndAFullFleetIs429) {
   auto r = call(http::verb::post, "/v1/sandboxes", R"({"image":"x:1"})");
   EXPECT_EQ(r.status, 429);
   EXPECT_EQ(r.json()["error"]["code"], "capacity");
+}
+
+TEST_F(GatewayTest, ANodeThatDoesNotAdmitIsNotAsked) {
+  report({{"n1", calmAdmission()}, {"n2", pressedAdmission()}, {"n3", calmAdmission()}});
+  for (int i = 0; i < 20; ++i) EXPECT_NE(nodeOfSandboxId(create()), "n2");
+  EXPECT_EQ(nodes_["n2"]->creates_, 0) << "the gateway sent a create to a node under pressure";
+  for (const auto& n : call(http::verb::get, "/v1/fleet/nodes").json()["nodes"]) {
+    EXPECT_EQ(n["admission"]["admitting"], n["name"] != "n2") << n.dump();
+  }
+  // The whole fleet under pressure: 429 at once, in the nodes' words, and no node is asked.
+  report({{"n1", pressedAdmission()}, {"n3", pressedAdmission()}});
+  int before = nodes_["n1"]->creates_ + nodes_["n3"]->creates_;
+  auto r = call(http::verb::post, "/v1/sandboxes", R"({"image":"x:1"})");
+  EXPECT_EQ(r.status, 429);
+  std::string message = r.json()["error"]["message"];
+  EXPECT_NE(message.find("3 not admitting"), std::string::npos) << message;
+  EXPECT_NE(message.find("admission is closed (memory PSI some avg10 31.0%)"), std::string::npos) << message;
+  EXPECT_EQ(nodes_["n1"]->creates_ + nodes_["n3"]->creates_, before);
+  // Pressure falls on n2: the next report opens it again.
+  report({{"n2", calmAdmission()}});
+  EXPECT_EQ(nodeOfSandboxId(create()), "n2");
+}
+
+TEST_F(GatewayTest, RegistrationsCarryTheNodesAdmissionState) {
+  json reg = {{"name", "n2"},
+              {"endpoint", nodes_["n2"]->endpoint()},
+              {"capacity", {{"cpus", 4}, {"memory_bytes", 8LL << 30}}},
+              {"admission", pressedAdmission()},
+              {"sandboxes", 0}};
+  ASSERT_EQ(call(http::verb::post, "/v1/fleet/nodes", reg.dump()).status, 200);
+  for (int i = 0; i < 10; ++i) EXPECT_NE(nodeOfSandboxId(create()), "n2");
+  EXPECT_EQ(nodes_["n2"]->creates_, 0);
+  reg["admission"].erase("cpu_ratio");
+  auto bad = call(http::verb::post, "/v1/fleet/nodes", reg.dump());
+  EXPECT_EQ(bad.status, 400);
+  EXPECT_NE(bad.body.find("cpu_ratio"), std::string::npos) << bad.body;
+}
+
+TEST_F(GatewayTest, CreatesInFlightCountUntilTheNodeAnswers) {
+  // n1 has room for one 768 MiB sandbox (1 GiB x 1); the others do not admit.
+  json small = calmAdmission();
+  small["memory_ratio"] = 1.0;
+  small["memory_capacity_bytes"] = 1LL << 30;
+  report({{"n1", small}, {"n2", pressedAdmission()}, {"n3", pressedAdmission()}});
+  nodes_["n1"]->hold_creates_ = true;
+  client::HttpReply first;
+  std::thread t([&] { first = call(http::verb::post, "/v1/sandboxes", R"({"image":"x:1","memory":"768M"})"); });
+  for (auto end = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+       nodes_["n1"]->creates_ == 0 && std::chrono::steady_clock::now() < end;) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_EQ(nodes_["n1"]->creates_, 1);
+  // The first create is still in flight on n1: its 768 MiB are spoken for, so n1 is not even asked.
+  auto second = call(http::verb::post, "/v1/sandboxes", R"({"image":"x:1","memory":"512M"})");
+  EXPECT_EQ(second.status, 429) << second.body;
+  EXPECT_NE(second.body.find("memory: 768 MiB committed + 512 MiB asked > 1.00 x 1024 MiB"), std::string::npos)
+      << second.body;
+  EXPECT_EQ(nodes_["n1"]->creates_, 1);
+  nodes_["n1"]->hold_creates_ = false;
+  t.join();
+  EXPECT_EQ(first.status, 201) << first.body;
+  // Confirmed, it stays counted until n1's next report, which then has it in its books.
+  EXPECT_EQ(call(http::verb::post, "/v1/sandboxes", R"({"image":"x:1","memory":"512M"})").status, 429);
+  report({{"n1", [&] {
+             json a = small;
+             a["memory_committed_bytes"] = 768LL << 20;
+             return a;
+           }()}});
+  EXPECT_EQ(call(http::verb::post, "/v1/sandboxes", R"({"image":"x:1","memory":"512M"})").status, 429);
+  EXPECT_EQ(nodes_["n1"]->creates_, 1);
+  // The sandbox is gone from n1's books: room again.
+  report({{"n1", small}});
+  EXPECT_EQ(nodeOfSandboxId(create(R"(,"memory":"512M")")), "n1");
 }
 
 TEST_F(GatewayTest, DrainedNodesGetNoNewSandboxes) {

@@ -71,29 +71,9 @@ TEST_F(LaunchOptionsTest, DensityQosAndFncallFlagsReachTheNode) {
 }
 
 TEST_F(LaunchOptionsTest, FleetFlagsParse) {
-  auto o = parseLaunchOptions({"--fleet",
-                               "eval",
-                               "--root",
-                               "/srv/dsec",
-                               "--state-dir",
-                               "/srv/n",
-                               "--port",
-                               "9000",
-                               "--node-port",
-                               "9001",
-                               "--address",
-                               "10.0.0.5",
-                               "--node-name",
-                               "Node_1",
-                               "--drain-timeout",
-                               "5",
-                               "--lost-after",
-                               "2",
-                               "--cpu-overcommit",
-                               "4",
-                               "--memory-overcommit",
-                               "1.5",
-                               "--no-mpi"});
+  auto o = parseLaunchOptions({"--fleet", "eval", "--root", "/srv/dsec", "--state-dir", "/srv/n", "--port", "9000",
+                               "--node-port", "9001", "--address", "10.0.0.5", "--node-name", "Node_1",
+                               "--drain-timeout", "5", "--lost-after", "2", "--no-mpi"});
   ASSERT_OK(o);
   EXPECT_EQ(o->serve.node.fleet_name, "eval");
   EXPECT_EQ(o->serve.node.root, "/srv/dsec");
@@ -105,8 +85,6 @@ TEST_F(LaunchOptionsTest, FleetFlagsParse) {
   EXPECT_EQ(safeNodeName(o->node_name), "node-1");
   EXPECT_EQ(o->drain_timeout, 5);
   EXPECT_EQ(o->lost_after, 2);
-  EXPECT_EQ(o->cpu_overcommit, 4);
-  EXPECT_EQ(o->memory_overcommit, 1.5);
   EXPECT_TRUE(o->no_mpi);
   EXPECT_FALSE(o->serve.write_fleet_file);
 
@@ -132,10 +110,10 @@ TEST_F(LaunchOptionsTest, FleetFlagsParse) {
 }
 
 TEST_F(LaunchOptionsTest, BadValuesAreRefusedNamingTheFlag) {
-  for (const char* arg_text : {"--port=70000", "--node-port=-1", "--drain-timeout=-1", "--lost-after=0.1",
-                               "--cpu-overcommit=0", "--memory-overcommit=inf", "--max-sandboxes=0", "--cpu-qos=maybe",
-                               "--overcommit=x", "--fncall-workers=-2", "--memory-capacity=lots", "--header-timeout=0",
-                               "--fleet=../etc", "--max-sandboxes=1e3", "--port=99999999999"}) {
+  for (const char* arg_text :
+       {"--port=70000", "--node-port=-1", "--drain-timeout=-1", "--lost-after=0.1", "--max-sandboxes=0",
+        "--cpu-qos=maybe", "--overcommit=x", "--fncall-workers=-2", "--memory-capacity=lots", "--header-timeout=0",
+        "--fleet=../etc", "--max-sandboxes=1e3", "--port=99999999999"}) {
     std::string arg = arg_text;
     auto o = parseLaunchOptions({arg});
     ASSERT_FALSE(o.ok()) << arg << " was taken";
@@ -150,6 +128,23 @@ TEST_F(LaunchOptionsTest, BadValuesAreRefusedNamingTheFlag) {
   ASSERT_FALSE(conflict.ok());
   EXPECT_NE(conflict.error().message().find("--fleet"), std::string::npos);
   EXPECT_FALSE(parseLaunchOptions({"--gateway-only"}).ok());  // no config file
+}
+
+// The gateway has no admission ratio of its own: a ratio asked for there is refused, saying whose it is.
+TEST_F(LaunchOptionsTest, GatewayAdmissionRatiosAreRefused) {
+  for (const char* flag : {"--cpu-overcommit", "--memory-overcommit"}) {
+    for (const char* value : {"8", "1"}) {
+      auto o = parseLaunchOptions({flag, value});
+      ASSERT_FALSE(o.ok()) << flag << " " << value << " was taken";
+      const std::string& message = o.error().message();
+      EXPECT_NE(message.find(std::string(flag) + " is refused"), std::string::npos) << message;
+      EXPECT_NE(message.find("admission is each node's"), std::string::npos) << message;
+      EXPECT_NE(message.find(std::string(flag) == "--cpu-overcommit" ? "--cpu-ratio-max" : "--memory-ratio-max"),
+                std::string::npos)
+          << message;
+    }
+  }
+  EXPECT_EQ(launchUsage().find("--cpu-overcommit"), std::string::npos);
 }
 
 TEST_F(LaunchOptionsTest, DefaultsAreDsecServes) {
@@ -188,8 +183,6 @@ TEST(GatewayConfig, RoundTripsWithMode0600) {
   c.port_file = dir.path() + "/gateway-port";
   c.address = "10.0.0.1";
   c.port = 8471;
-  c.cpu_overcommit = 3.3;
-  c.memory_overcommit = 1.1;
   c.lost_after_seconds = 2.7;
   c.http.max_connections = 77;
   c.http.max_client_connections = 5;
@@ -223,6 +216,11 @@ TEST(GatewayConfig, RefusesBadFiles) {
   EXPECT_NE(typed.error().message().find("port"), std::string::npos) << typed.error().message();
   ASSERT_OK(write(R"({"fleet_name": "f", "token_file": "/t", "max_connections": 0})"));
   EXPECT_FALSE(readGatewayConfig(path).ok());
+  ASSERT_OK(write(R"({"fleet_name": "f", "token_file": "/t", "cpu_overcommit": 8})"));
+  auto ratio = readGatewayConfig(path);
+  ASSERT_FALSE(ratio.ok());
+  EXPECT_NE(ratio.error().message().find("cpu_overcommit is refused: admission is each node's"), std::string::npos)
+      << ratio.error().message();
   ASSERT_OK(write(R"({"fleet_name": "f", "token_file": "/t"})"));
   EXPECT_OK(readGatewayConfig(path));
   // The same settings readable by others are not trusted (tests/security/GatewayConfigTrustTest.cc has the rest).

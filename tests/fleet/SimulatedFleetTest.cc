@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -39,8 +40,8 @@ client::HttpReply mustCall(const std::string& endpoint, http::verb method, const
 }
 
 // A simulated node on its own root, with the given token (the fleet's) written where the node reads it.
-std::unique_ptr<EmbeddedNode> startSimulated(const std::string& root, const std::string& name,
-                                             const std::string& token) {
+std::unique_ptr<EmbeddedNode> startSimulated(const std::string& root, const std::string& name, const std::string& token,
+                                             const std::function<void(ServeOptions&)>& tune = nullptr) {
   EXPECT_OK(makeDirs(root, 0700));
   {
     std::ofstream out(root + "/token");
@@ -53,6 +54,7 @@ std::unique_ptr<EmbeddedNode> startSimulated(const std::string& root, const std:
   o.node.node_name = name;
   o.write_fleet_file = false;
   o.node.simulate = true;
+  if (tune) tune(o);
   auto node = EmbeddedNode::start(o);
   EXPECT_TRUE(node.ok()) << (node.ok() ? "" : node.error().message());
   return node.ok() ? std::move(*node) : nullptr;
@@ -175,6 +177,108 @@ TEST(SimulatedFleet, EveryCreateThroughTheGatewaySucceedsAndSpreads) {
   (*server)->stop();
   gateway.stop();
   for (auto& n : nodes) n->stop(true);
+}
+
+// Three simulated nodes behind the real gateway, registered as a `sbatch -N3 -c1` fleet registers them (1 CPU
+// each), with no watcher running: the gateway learns each node's admission state from one probe and places by it.
+class SimulatedOneCpuFleet : public ::testing::Test {
+ protected:
+  void start(const std::function<void(const std::string&, ServeOptions&)>& tune = nullptr) {
+    go_.fleet_name = "sim";
+    go_.token = token_;
+    go_.seed = 3;
+    gateway_ = std::make_unique<Gateway>(go_);
+    for (const char* name : {"n1", "n2", "n3"}) {
+      auto node = startSimulated(root_.path() + "/" + name, name, token_, [&](ServeOptions& o) {
+        if (tune) tune(name, o);
+      });
+      ASSERT_NE(node, nullptr);
+      FleetNodeSpec spec;
+      spec.name = name;
+      spec.endpoint = node->endpoint();
+      spec.cpus = 1;
+      spec.memory_bytes = 4000LL << 20;
+      ASSERT_OK(gateway_->registerNode(spec, true));
+      nodes_[name] = std::move(node);
+    }
+    gateway_->probeAll();
+    for (const auto& n : gateway_->nodesJson()) ASSERT_TRUE(n["admission"].is_object()) << n.dump();
+    HttpServerOptions ho;
+    ho.listen = "127.0.0.1:0";
+    auto server = HttpServer::start(ho, gateway_.get());
+    ASSERT_OK(server);
+    server_ = std::move(*server);
+  }
+  void TearDown() override {
+    if (server_) server_->stop();
+    for (auto& [name, node] : nodes_) node->stop(true);
+  }
+  client::HttpReply create(const std::string& body = R"({"image":"x:1"})") {
+    return mustCall(server_->endpoint(), http::verb::post, "/v1/sandboxes", token_, body);
+  }
+  json nodeInfo(const std::string& name) {
+    return mustCall(nodes_[name]->endpoint(), http::verb::get, "/v1/node", token_).json();
+  }
+
+  testing::TempDir root_;
+  std::string token_ = randomHex(64);
+  GatewayOptions go_;
+  std::unique_ptr<Gateway> gateway_;
+  std::map<std::string, std::unique_ptr<EmbeddedNode>> nodes_;
+  std::unique_ptr<HttpServer> server_;
+};
+
+// Idle sandboxes with the default 1 CPU: a static gateway ratio of 8 refused the 25th; the nodes' own CPU ratio
+// (1024 while the sandboxes use nothing) admits all 30, and the gateway places them as the nodes admit.
+TEST_F(SimulatedOneCpuFleet, ThirtyDefaultSandboxesAreAllAdmittedOverAllThreeNodes) {
+  start();
+  std::map<std::string, int> by_node;
+  for (int i = 0; i < 30; ++i) {
+    auto r = create();
+    ASSERT_EQ(r.status, 201) << "sandbox " << i + 1 << ": " << r.body;
+    EXPECT_EQ(r.json()["cpus"], 1.0);  // the default
+    by_node[r.json()["node"].get<std::string>()]++;
+  }
+  ASSERT_EQ(by_node.size(), 3u) << "the 30 sandboxes did not spread over all 3 nodes";
+  gateway_->probeAll();
+  for (const auto& n : gateway_->nodesJson()) {
+    std::string name = n["name"];
+    json own = nodeInfo(name);
+    EXPECT_EQ(own["sandboxes"], by_node[name]) << name;
+    EXPECT_EQ(own["density"]["refusals"], 0) << name << " refused a create the gateway sent";
+    // The gateway holds the node's own books: one admission truth.
+    EXPECT_EQ(n["admission"]["cpu_committed"], static_cast<double>(by_node[name])) << n.dump();
+    EXPECT_EQ(n["admission"]["cpu_ratio"], own["admission"]["cpu_ratio"]) << n.dump();
+    EXPECT_GT(n["admission"]["cpu_ratio"].get<double>(), 8.0) << n.dump();
+  }
+}
+
+// Every node's density controller holds its memory ratio at 1: n1 and n3 on 8 GiB (16 sandboxes of 512 MiB
+// each), n2 on 1 GiB (2). The gateway fills the fleet exactly as far as the nodes admit, never sending a node a
+// create it would refuse, and then says no itself, in the nodes' words.
+TEST_F(SimulatedOneCpuFleet, TheGatewaySaysYesAndNoAsTheNodesDo) {
+  start([](const std::string& name, ServeOptions& o) {
+    o.node.density.memory_ratio_start = o.node.density.memory_ratio_min = o.node.density.memory_ratio_max = 1.0;
+    o.node.memory_capacity_bytes = (name == "n2" ? 1LL : 8LL) << 30;
+  });
+  std::map<std::string, int> by_node;
+  for (int i = 0; i < 34; ++i) {
+    auto r = create();
+    ASSERT_EQ(r.status, 201) << "sandbox " << i + 1 << ": " << r.body;
+    by_node[r.json()["node"].get<std::string>()]++;
+  }
+  EXPECT_EQ(by_node["n1"], 16);
+  EXPECT_EQ(by_node["n2"], 2);
+  EXPECT_EQ(by_node["n3"], 16);
+  auto full = create();
+  EXPECT_EQ(full.status, 429) << full.body;
+  EXPECT_NE(full.body.find("of 3 nodes 3 are full"), std::string::npos) << full.body;
+  EXPECT_NE(full.body.find("committed + 512 MiB asked > 1.00 x"), std::string::npos) << full.body;
+  for (const char* name : {"n1", "n2", "n3"}) {
+    json own = nodeInfo(name);
+    EXPECT_EQ(own["density"]["refusals"], 0) << name << " refused a create the gateway sent it";
+    EXPECT_EQ(own["admission"]["memory_committed_bytes"], own["admission"]["memory_capacity_bytes"]) << name;
+  }
 }
 
 // Counts the connections a server accepted (each runs serveConnection once).

@@ -1,6 +1,7 @@
 """The pydsec side of tests/fleet/fleet_test.sh, run inside a Slurm job (srun) of its own.
 
-fleet_client.py PHASE STATE_FILE [ARG]: create | session | check | lost NODE | after-join NODE | cleanup.
+fleet_client.py PHASE STATE_FILE [ARG]: create | session | check | lost NODE | after-join NODE | admission |
+cleanup.
 Exits non-zero with a message on the first failed expectation."""
 
 import json
@@ -84,6 +85,7 @@ def main():
         kept = [s for s, n in sandboxes.items() if n != arg]
         deadline = time.monotonic() + 10
         message = ""
+        error = None
         while True:
             t0 = time.monotonic()
             try:
@@ -91,6 +93,7 @@ def main():
                 fail(f"sandbox {lost[0]} on the killed node {arg} still answers")
             except pydsec.DsecError as e:
                 message = str(e)
+                error = e
             took = time.monotonic() - t0
             if took > 5:
                 fail(f"a request for a sandbox of the lost node took {took:.1f}s (must not hang)")
@@ -99,17 +102,16 @@ def main():
             time.sleep(0.2)
         if f"node {arg} is lost" not in message or f"sandbox {lost[0]} is lost" not in message:
             fail(f"the error for a sandbox of the lost node is not clear: {message!r}")
+        if not isinstance(error, pydsec.NodeLostError) or (error.node, error.node_state) != (arg, "lost"):
+            fail(f"the error for a sandbox of the lost node is not a NodeLostError naming {arg} lost: {error!r}")
         print(f"lost-node error: {message}")
         for sid in lost:
             t0 = time.monotonic()
-            try:
-                client.sandbox(sid).info()
-                fail(f"{sid} answers")
-            except pydsec.DsecError as e:
-                if "is lost" not in str(e):
-                    fail(f"{sid}: unclear error {e}")
+            info = client.sandbox(sid).info()  # the trainer's view: state lost, not an exception
+            if info.get("state") != "lost" or info.get("node") != arg or "is lost" not in info.get("error", ""):
+                fail(f"{sid}: the info does not say lost: {info!r}")
             if time.monotonic() - t0 > 1:
-                fail(f"{sid}: the lost error took {time.monotonic() - t0:.1f}s")
+                fail(f"{sid}: the lost answer took {time.monotonic() - t0:.1f}s")
         for sid in kept:
             check_sandbox(client, sid, sandboxes[sid])
         new = {}
@@ -146,6 +148,25 @@ def main():
         if destroyed != 6:
             fail(f"destroying the session destroyed {destroyed} sandboxes, not 6")
         print(f"session {name}: 6 sandboxes on {nodes}, merged, attached, destroyed")
+    elif phase == "admission":
+        # Idle sandboxes of the default size (1 CPU, 512 MiB) on a fleet of 1-CPU allocations: each node admits
+        # them by its own density controller (CPU ratio 1024 while they use nothing) and the gateway places as
+        # the nodes admit, so none is refused.
+        sandboxes = {}
+        for i in range(30):
+            try:
+                sb = client.create(IMAGE, labels=LABELS)
+            except pydsec.DsecError as e:
+                fail(f"sandbox {i + 1} of 30 with the default cpus was refused: {e}")
+            info = sb.info()
+            if info["cpus"] != 1:
+                fail(f"{sb.id} has cpus {info['cpus']}, not the default 1")
+            sandboxes[sb.id] = info["node"]
+        counts = {n: list(sandboxes.values()).count(n) for n in sorted(set(sandboxes.values()))}
+        print(f"30 default sandboxes: {counts}")
+        if sorted(counts) != ["n1", "n2", "n3"]:
+            fail(f"the 30 sandboxes landed on {sorted(counts)}, not on n1, n2 and n3")
+        save(state_path, {"sandboxes": sandboxes})
     elif phase == "cleanup":
         for sb in client.list(labels=LABELS):
             sb.destroy()

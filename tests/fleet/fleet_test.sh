@@ -5,10 +5,14 @@
 #      on n1, n2 and n3 and run commands, files and a streamed exec through the gateway; a pydsec session
 #      spreads over the nodes, is merged by the gateway, attached to and destroyed;
 #   2. kill -9 of the gateway process: the supervisor restarts it, nodes re-register, no sandbox is lost;
-#   3. kill -9 of node n3's rank: its sandboxes get a clear "node n3 is lost" error within 5 s (no hang), the
-#      others keep serving, new sandboxes go to n1 and n2;
+#   3. kill -9 of node n3's rank: its sandboxes get a clear "node n3 is lost" error within 5 s (no hang; a
+#      pydsec NodeLostError, and sb.info() says state "lost"), the others keep serving, new sandboxes go to n1
+#      and n2;
 #   4. `dsec-launch --join` from a second job brings n3 back (it re-adopts its sandboxes); draining n3 at the
 #      gateway keeps new sandboxes off it; cancelling the join job drains and deregisters it.
+# `fleet_test.sh admission`: rollout-fleet.sbatch with -N3 --ntasks-per-node=1 -c1 (a 1-CPU allocation per node);
+#   30 idle sandboxes of the default size (1 CPU each) from pydsec are all admitted, over all 3 nodes, and no node
+#   refuses a create the gateway sent it (the gateway places by the nodes' own admission, not a ratio of its own).
 # `fleet_test.sh trainer`: slurm-configs/trainer.sbatch in the preemptible partition makes sandboxes through a
 #   session and starts a background process in each; a rollout job preempts it; while it waits to be requeued
 #   its lease lapses and the fleet pauses the sandboxes; the requeued trainer attaches and finds every sandbox
@@ -105,10 +109,10 @@ launch_pid() {  # node [gateway] -> pid of that node's dsec-launch rank (or of i
     done
 }
 
-start_fleet() {
-    log "starting fleet $FLEET on 3 nodes"
+start_fleet() {  # [more sbatch arguments]
+    log "starting fleet $FLEET on 3 nodes $*"
     local job
-    job=$(sbatch --parsable -N3 --output="$WORK/fleet.out" \
+    job=$(sbatch --parsable -N3 "$@" --output="$WORK/fleet.out" \
         --export=ALL,DSEC_FLEET="$FLEET",DSEC_ROOT="$ROOT",DSEC_LAUNCH="$DSEC_LAUNCH" \
         "$REPO/slurm-configs/rollout-fleet.sbatch")
     JOBS+=("$job")
@@ -117,6 +121,37 @@ start_fleet() {
     wait_for 30 "3 healthy nodes" states_are "n1=healthy n2=healthy n3=healthy"
     log "fleet up: $(node_states)"
 }
+
+if [ "$CASE" = admission ]; then
+    start_fleet --ntasks-per-node=1 -c1
+    client admission
+    # Every node's own books (its GET /v1/node, asked directly): what it holds, what it refused, the ratio it
+    # admits by; and the allocation the gateway was told of.
+    python3 - "$FLEET_FILE" <<'PY' || fail "the nodes' own admission does not agree"
+import json, sys, urllib.request
+fleet = json.load(open(sys.argv[1]))
+def get(endpoint, path):
+    req = urllib.request.Request(endpoint + path, headers={"Authorization": "Bearer " + fleet["token"]})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.load(r)
+nodes = {n["name"]: n for n in get(fleet["endpoint"], "/v1/fleet/nodes")["nodes"]}
+held = 0
+for name in ("n1", "n2", "n3"):
+    own = get(nodes[name]["endpoint"], "/v1/node")
+    a = own["admission"]
+    print(f"{name}: allocation {nodes[name]['capacity']['cpus']} CPU, {own['sandboxes']} sandboxes, "
+          f"{own['density']['refusals']} refused; admits by cpu_ratio {a['cpu_ratio']} x {a['cpus']} CPUs "
+          f"(committed {a['cpu_committed']}), memory_ratio {a['memory_ratio']}")
+    assert nodes[name]["capacity"]["cpus"] == 1, f"{name} did not run on a 1-CPU allocation: {nodes[name]}"
+    assert own["density"]["refusals"] == 0, f"{name} refused a create the gateway sent it"
+    assert a["cpu_ratio"] > 8, f"{name}: CPU ratio {a['cpu_ratio']}"
+    held += own["sandboxes"]
+assert held == 30, f"the nodes hold {held} sandboxes, not 30"
+PY
+    client cleanup
+    log "PASS"
+    exit 0
+fi
 
 if [ "$CASE" = trainer ]; then
     start_fleet

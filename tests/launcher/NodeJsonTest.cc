@@ -107,13 +107,14 @@ TEST(NodeJson, TheNodeHasExactlyTheFieldsOfTheApi) {
   node.sandboxes = 1;
   json j = toJson(node);
   EXPECT_EQ(keysOf(j), (std::set<std::string>{"node", "fleet", "backends", "unavailable_backends", "capacity",
-                                              "sandboxes", "density", "isolation", "qos"}));
+                                              "sandboxes", "density", "admission", "isolation", "qos"}));
   EXPECT_EQ(j["backends"], json::array({"container", "fncall"}));
   EXPECT_EQ(j["unavailable_backends"], (json{{"microvm", "not yet"}, {"vm", "not yet"}}));
   EXPECT_EQ(keysOf(j["capacity"]), (std::set<std::string>{"max_sandboxes", "free_sandboxes", "memory_bytes",
                                                           "memory_committed_bytes", "cpus"}));
   EXPECT_EQ(j["isolation"], (json{{"user_namespaces", true}, {"warning", nullptr}}));
   EXPECT_TRUE(j["density"].is_null());
+  EXPECT_TRUE(j["admission"].is_null());
   EXPECT_TRUE(j["qos"].is_null());
 
   node.density = DensityNodeInfo{};
@@ -139,6 +140,43 @@ TEST(NodeJson, TheNodeHasExactlyTheFieldsOfTheApi) {
   EXPECT_EQ(keysOf(toJson(node)["qos"]),
             (std::set<std::string>{"enabled", "exclusive_pool", "cores", "numa_domains", "dedicated_cores",
                                    "free_dedicated_cores", "shared_cpuset", "latency_sandboxes", "batch_sandboxes"}));
+}
+
+// "admission": what the node admits by; the gateway parses it back (fleet heartbeats and probes).
+TEST(NodeJson, TheAdmissionStateRoundTripsAndIsChecked) {
+  AdmissionInfo a;
+  a.state.admitting = false;
+  a.state.memory_ratio = 7.5;
+  a.state.cpu_ratio = 1024;
+  a.state.memory_capacity_bytes = 1LL << 34;
+  a.state.memory_committed_bytes = 3LL << 30;
+  a.state.cpus = 2;
+  a.state.cpu_committed = 12.5;
+  a.state.free_dedicated_cores = 1;
+  a.state.free_sandboxes = 4000;
+  a.level = placement::PressureLevel::kStopAdmitting;
+  a.reason = "memory PSI some avg10 31.0%";
+  json j = toJson(a);
+  EXPECT_EQ(keysOf(j), (std::set<std::string>{"admitting", "level", "reason", "memory_ratio", "cpu_ratio",
+                                              "memory_capacity_bytes", "memory_committed_bytes", "cpus",
+                                              "cpu_committed", "free_dedicated_cores", "free_sandboxes"}));
+  EXPECT_EQ(j["level"], "stop_admitting");
+  auto back = parseAdmissionJson(j);
+  ASSERT_TRUE(back.ok()) << back.error().message();
+  EXPECT_EQ(back->state, a.state);
+  EXPECT_EQ(back->level, a.level);
+  EXPECT_EQ(back->reason, a.reason);
+  json missing = j;
+  missing.erase("memory_ratio");
+  ASSERT_FALSE(parseAdmissionJson(missing).ok());
+  EXPECT_NE(parseAdmissionJson(missing).error().message().find("memory_ratio"), std::string::npos);
+  json bad_level = j;
+  bad_level["level"] = "panic";
+  EXPECT_FALSE(parseAdmissionJson(bad_level).ok());
+  json negative = j;
+  negative["cpu_ratio"] = -1;
+  EXPECT_FALSE(parseAdmissionJson(negative).ok());
+  EXPECT_FALSE(parseAdmissionJson(json::array()).ok());
 }
 
 TEST(NodeJson, TheFncallReportHasExactlyTheFieldsOfTheApi) {

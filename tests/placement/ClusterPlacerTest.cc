@@ -12,12 +12,23 @@ namespace {
 
 constexpr int64_t kGiB = 1LL << 30;
 
+// What a node with static limits (ratios 1) reports, nothing committed.
+NodeAdmission reported(double cpus, int64_t memory, double cpu_ratio = 1, double memory_ratio = 1) {
+  NodeAdmission a;
+  a.cpus = cpus;
+  a.memory_capacity_bytes = memory;
+  a.cpu_ratio = cpu_ratio;
+  a.memory_ratio = memory_ratio;
+  return a;
+}
+
 NodeInfo node(const std::string& name, int pus = 192, int64_t memory = 1536 * kGiB) {
   NodeInfo info;
   info.name = name;
   info.capacity.pus = pus;
   info.capacity.cores = pus;
   info.capacity.memory_bytes = memory;
+  info.admission = reported(pus, memory);
   return info;
 }
 
@@ -51,7 +62,9 @@ TEST(ClusterPlacer, FiltersUnhealthyDrainingUnsupportedAndFullNodes) {
   placer.addNode(vms);
   NodeId full = placer.addNode(node("full"));
   NodeId good = placer.addNode(node("good"));
-  ASSERT_OK(placer.setCommitted(full, 191.5, 0, 100));
+  NodeAdmission books = reported(192, 1536 * kGiB);
+  books.cpu_committed = 191.5;
+  ASSERT_OK(placer.setAdmission(full, books, 100));
   for (int i = 0; i < 200; ++i) {
     auto ticket = placer.place({1, kGiB, "container"});
     ASSERT_OK(ticket);
@@ -175,12 +188,11 @@ TEST(ClusterPlacer, NothingFitsIsAClearError) {
   ASSERT_ERROR(empty.place({1, kGiB}), ErrorCode::kResourceExhausted);
 }
 
-TEST(ClusterPlacer, OvercommitRaisesTheLimit) {
-  ClusterPlacerOptions options = seeded();
-  options.cpu_overcommit = 4;
-  options.memory_overcommit = 2;
-  ClusterPlacer placer(options);
-  NodeId n = placer.addNode(node("n", 2, 4 * kGiB));
+TEST(ClusterPlacer, TheNodesReportedRatiosSetTheLimit) {
+  ClusterPlacer placer(seeded());
+  NodeInfo info = node("n", 2, 4 * kGiB);
+  info.admission = reported(2, 4 * kGiB, 4, 2);
+  NodeId n = placer.addNode(info);
   int placed = 0;
   while (true) {
     auto ticket = placer.place({1, kGiB});
@@ -188,10 +200,142 @@ TEST(ClusterPlacer, OvercommitRaisesTheLimit) {
     placer.confirm(*ticket, true);
     ++placed;
   }
-  EXPECT_EQ(placed, 8);  // 2 PUs x 4 = 8 CPUs; 4 GiB x 2 = 8 GiB
-  ASSERT_OK(placer.setOvercommit(n, 5, 3));
+  EXPECT_EQ(placed, 8);  // 2 CPUs x 4 = 8 CPUs; 4 GiB x 2 = 8 GiB
+  // The node's density controller raised its ratios; its report says so (and counts the 8 it holds).
+  NodeAdmission raised = reported(2, 4 * kGiB, 5, 3);
+  raised.cpu_committed = 8;
+  raised.memory_committed_bytes = 8 * kGiB;
+  ASSERT_OK(placer.setAdmission(n, raised, 8));
   ASSERT_OK(placer.place({2, 4 * kGiB}));
   EXPECT_DOUBLE_EQ(placer.load(n)->utilisation, 10.0 / 2);
+  ASSERT_ERROR(placer.setAdmission(n, reported(2, kGiB, -1, 1), 0), ErrorCode::kInvalidArgument);
+}
+
+// The bug this rule replaced: a gateway ratio of 8 on three 1-CPU nodes refused the 25th idle sandbox of the
+// default 1 CPU, while every node (CPU ratio 1024) would have taken it.
+TEST(ClusterPlacer, DefaultCpusOnOneCpuNodesAreAdmittedByTheNodesRatio) {
+  ClusterPlacer placer(seeded(9));
+  for (const char* name : {"n1", "n2", "n3"}) {
+    NodeInfo info = node(name, 1, 4 * kGiB);
+    info.admission = reported(1, 4 * kGiB, 1024, 8);  // a calm node's density controller
+    placer.addNode(info);
+  }
+  for (int i = 0; i < 30; ++i) {
+    auto ticket = placer.place({1, 512LL << 20});
+    ASSERT_OK(ticket);
+    placer.confirm(*ticket, true);
+  }
+  int64_t total = 0;
+  for (const auto& load : placer.loads()) {
+    EXPECT_GE(load.sandboxes, 5) << load.name;  // least loaded of 2: every node takes its share
+    total += load.sandboxes;
+  }
+  EXPECT_EQ(total, 30);
+}
+
+TEST(ClusterPlacer, ANodeThatDoesNotAdmitGetsNothing) {
+  ClusterPlacer placer(seeded(4));
+  NodeId calm = placer.addNode(node("calm"));
+  NodeId pressed = placer.addNode(node("pressed"));
+  NodeAdmission closed = reported(192, 1536 * kGiB);
+  closed.admitting = false;
+  ASSERT_OK(placer.setAdmission(pressed, closed, 0, "memory PSI some avg10 31.0%"));
+  for (int i = 0; i < 50; ++i) {
+    auto ticket = placer.place({1, kGiB});
+    ASSERT_OK(ticket);
+    EXPECT_EQ(ticket->node, calm);
+    placer.confirm(*ticket, true);
+  }
+  ASSERT_OK(placer.setAdmission(calm, closed, 50, "OOM kill under the node's memory limit 3 s ago"));
+  auto none = placer.place({1, kGiB});
+  ASSERT_ERROR(none, ErrorCode::kResourceExhausted);
+  const std::string& message = none.error().message();
+  EXPECT_NE(message.find("of 2 nodes 0 are full, 2 not admitting"), std::string::npos) << message;
+  EXPECT_NE(message.find("calm: memory pressure on the node, admission is closed (OOM kill under the node's memory "
+                         "limit 3 s ago)"),
+            std::string::npos)
+      << message;
+  // Pressure falls: the next report opens it again.
+  ASSERT_OK(placer.setAdmission(pressed, reported(192, 1536 * kGiB), 0));
+  auto again = placer.place({1, kGiB});
+  ASSERT_OK(again);
+  EXPECT_EQ(again->node, pressed);
+}
+
+TEST(ClusterPlacer, TicketsInFlightCountOnTopOfTheNodesReport) {
+  ClusterPlacer placer(seeded(2));
+  NodeInfo info = node("n", 4, 2 * kGiB);
+  info.admission = reported(4, 2 * kGiB);
+  info.admission->free_sandboxes = 10;
+  NodeId n = placer.addNode(info);
+  auto a = placer.place({1, kGiB});
+  auto b = placer.place({1, kGiB});
+  ASSERT_OK(a);
+  ASSERT_OK(b);
+  // Both are in flight: the node's 2 GiB are spoken for although its report says nothing is committed.
+  auto c = placer.place({1, kGiB});
+  ASSERT_ERROR(c, ErrorCode::kResourceExhausted);
+  EXPECT_NE(c.error().message().find("memory: 2048 MiB committed + 1024 MiB asked > 1.00 x 2048 MiB"),
+            std::string::npos)
+      << c.error().message();
+  // A report that does not include them yet (sent before the creates landed) keeps them counted.
+  NodeAdmission fresh = reported(4, 2 * kGiB);
+  fresh.free_sandboxes = 10;
+  ASSERT_OK(placer.setAdmission(n, fresh, 0));
+  ASSERT_ERROR(placer.place({1, kGiB}), ErrorCode::kResourceExhausted);
+  // One is refused by the node: its share comes back. The other is confirmed: committed until the next report.
+  placer.confirm(*a, false);
+  placer.confirm(*b, true);
+  EXPECT_EQ(placer.load(n)->committed_memory, kGiB);
+  EXPECT_EQ(placer.load(n)->admission.free_sandboxes, 9);
+  ASSERT_OK(placer.place({1, kGiB}));
+  // Sandbox slots count in flight too.
+  NodeAdmission one_slot = reported(4, 64 * kGiB);
+  one_slot.free_sandboxes = 2;
+  ASSERT_OK(placer.setAdmission(n, one_slot, 5));  // 2 free, 1 ticket still in flight
+  ASSERT_OK(placer.place({1, kGiB}));
+  auto full = placer.place({1, kGiB});
+  ASSERT_ERROR(full, ErrorCode::kResourceExhausted);
+  EXPECT_NE(full.error().message().find("no free sandbox slot"), std::string::npos) << full.error().message();
+}
+
+TEST(ClusterPlacer, LatencySandboxesNeedTheNodesFreeDedicatedCores) {
+  ClusterPlacer placer(seeded(6));
+  NodeInfo none = node("no-cores", 8, 64 * kGiB);
+  none.admission->free_dedicated_cores = 0;
+  NodeInfo some = node("cores", 8, 64 * kGiB);
+  some.admission->free_dedicated_cores = 3;
+  placer.addNode(none);
+  NodeId cores = placer.addNode(some);
+  ClusterRequest latency{2, kGiB, "container", true};
+  auto first = placer.place(latency);
+  ASSERT_OK(first);
+  EXPECT_EQ(first->node, cores);
+  EXPECT_EQ(first->dedicated_cores, 2);
+  // 3 free - 2 in flight = 1: not enough for another 2-CPU latency sandbox, enough for a 1-CPU one.
+  auto second = placer.place(latency);
+  ASSERT_ERROR(second, ErrorCode::kResourceExhausted);
+  EXPECT_NE(second.error().message().find("latency sandbox needs 2 dedicated cores"), std::string::npos)
+      << second.error().message();
+  ASSERT_OK(placer.place({0.5, kGiB, "container", true}));
+  // Batch sandboxes need no dedicated cores.
+  ASSERT_OK(placer.place({2, kGiB}));
+}
+
+TEST(ClusterPlacer, AnUnreportedNodeIsLeftToDecide) {
+  ClusterPlacer placer(seeded(8));
+  NodeInfo silent = node("silent", 1, kGiB);
+  silent.admission.reset();
+  NodeId id = placer.addNode(silent);
+  // Nothing is checked here until the node reports: its own admission (and 429) decide.
+  for (int i = 0; i < 5; ++i) {
+    auto ticket = placer.place({4, 2 * kGiB});
+    ASSERT_OK(ticket);
+    placer.confirm(*ticket, true);
+  }
+  EXPECT_FALSE(placer.load(id)->admission_known);
+  ASSERT_OK(placer.setAdmission(id, reported(1, kGiB), 5));
+  ASSERT_ERROR(placer.place({4, 2 * kGiB}), ErrorCode::kResourceExhausted);
 }
 
 TEST(ClusterPlacer, SameSeedSameDecisions) {
@@ -215,6 +359,7 @@ TEST(ClusterPlacer, ReRegisteringANodeKeepsItsIdAndBooks) {
   auto ticket = placer.place({1, kGiB});
   placer.confirm(*ticket, true);
   NodeInfo again = node("a", 96);
+  again.admission.reset();  // a registration without a report keeps the books
   again.draining = true;
   EXPECT_EQ(placer.addNode(again), a);
   EXPECT_EQ(placer.nodeCount(), 1u);

@@ -6,6 +6,7 @@
 #include <map>
 #include <sstream>
 
+#include "dsec/placement/Admission.h"
 #include "dsec/placement/DensityController.h"
 
 namespace dsec::placement {
@@ -463,19 +464,53 @@ TEST(DensityControllerTest, CpuRatioFallsOnlyWhenSandboxesSaturateTheCpus) {
 }
 
 TEST(DensityControllerTest, AdmissionNamesWhy) {
-  DensityDecision d;
-  d.memory_ratio = 2;
-  d.cpu_ratio = 4;
-  AdmissionState st{1 << 30, 1536LL << 20, 2, 7.5};
-  EXPECT_EQ(checkAdmission(d, st, {512 << 20, 0.5}), "");
-  std::string mem = checkAdmission(d, st, {513 << 20, 0.5});
+  NodeAdmission node;
+  node.memory_ratio = 2;
+  node.cpu_ratio = 4;
+  node.memory_capacity_bytes = 1 << 30;
+  node.memory_committed_bytes = 1536LL << 20;
+  node.cpus = 2;
+  node.cpu_committed = 7.5;
+  EXPECT_EQ(checkAdmission(node, {512 << 20, 0.5}), "");
+  std::string mem = checkAdmission(node, {513 << 20, 0.5});
   EXPECT_NE(mem.find("memory: 1536 MiB committed + 513 MiB asked > 2.00 x 1024 MiB"), std::string::npos) << mem;
-  std::string cpu = checkAdmission(d, st, {1 << 20, 1});
+  std::string cpu = checkAdmission(node, {1 << 20, 1});
   EXPECT_NE(cpu.find("cpus: 7.50 committed + 1.00 asked > 4.00 x 2 CPUs"), std::string::npos) << cpu;
-  d.admitting = false;
-  d.reason = "memory PSI some avg10 30.0%";
-  std::string closed = checkAdmission(d, st, {1 << 20, 0});
+  // Unlimited (0) counts nothing.
+  EXPECT_EQ(checkAdmission(node, {0, 0}), "");
+  // Latency sandboxes need whole dedicated cores where they are counted (at least one).
+  node.free_dedicated_cores = 1;
+  EXPECT_EQ(checkAdmission(node, {1 << 20, 0.25, true}), "");
+  node.cpu_committed = 0;
+  EXPECT_EQ(checkAdmission(node, {1 << 20, 1.5, true}), "latency sandbox needs 2 dedicated cores, 1 free");
+  node.free_sandboxes = 0;
+  EXPECT_EQ(admissionRefusal(node, {1 << 20, 0.5}), AdmissionRefusal::kSandboxes);
+  node.admitting = false;
+  std::string closed = checkAdmission(node, {1 << 20, 0}, "memory PSI some avg10 30.0%");
   EXPECT_NE(closed.find("admission is closed (memory PSI some avg10 30.0%)"), std::string::npos) << closed;
+}
+
+TEST(DensityControllerTest, IdleSandboxesKeepTheCpuRatioAtItsBound) {
+  // Idle sandboxes use no CPU: the ratio stays at 1024, so a 1-CPU node admits a thousand sandboxes of the
+  // default 1 CPU (memory permitting) and never the 8 x cores of a static ratio.
+  DensityController ctl;
+  NodeSample s;
+  s.cpu_capacity = 1;
+  s.memory_capacity_bytes = 4LL << 30;
+  s.cpu_committed = 30;
+  for (int t = 0; t < 10; ++t) {
+    s.t = t;
+    ctl.step(s, {});
+  }
+  NodeAdmission node;
+  node.memory_ratio = ctl.current().memory_ratio;
+  node.cpu_ratio = ctl.current().cpu_ratio;
+  node.cpus = 1;
+  node.cpu_committed = 30;
+  node.memory_capacity_bytes = 4LL << 30;
+  node.memory_committed_bytes = 30 * (512LL << 20);
+  EXPECT_EQ(node.cpu_ratio, 1024);
+  EXPECT_EQ(checkAdmission(node, {512LL << 20, 1}), "");
 }
 
 }  // namespace

@@ -22,6 +22,9 @@ def body(code, message="what is wrong", **extra):
     (501, "unsupported", pydsec.UnsupportedError),
     (504, "timeout", pydsec.DsecTimeoutError),
     (500, "internal", pydsec.ServerError),
+    (503, "unavailable", pydsec.UnavailableError),
+    (408, "request_timeout", pydsec.DsecTimeoutError),
+    (429, "too_many_connections", pydsec.CapacityError),
 ])
 def test_code_maps_to_class(status, code, cls):
     e = error_from_response(status, body(code, "layer python:3.12 not found"))
@@ -40,7 +43,8 @@ def test_code_wins_over_status():
 
 @pytest.mark.parametrize("status,cls", [(400, pydsec.InvalidRequestError), (403, pydsec.AuthError),
                                         (404, pydsec.NotFoundError), (502, pydsec.ServerError),
-                                        (503, pydsec.ServerError), (418, pydsec.DsecError)])
+                                        (503, pydsec.UnavailableError), (408, pydsec.DsecTimeoutError),
+                                        (418, pydsec.DsecError)])
 def test_unknown_code_or_body_falls_back_to_status(status, cls):
     e = error_from_response(status, b"<html>proxy error</html>")
     assert type(e) is cls

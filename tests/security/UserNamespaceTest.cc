@@ -39,6 +39,23 @@ uint64_t hostRootOf(backends::Sandbox& sb, const std::function<backends::ExecRes
   return std::stoull(fields[1]);
 }
 
+// Host pids of every process in the pid namespace of init_pid (init included), as /proc lists them now.
+std::vector<pid_t> pidsInPidNamespaceOf(pid_t init_pid) {
+  std::vector<pid_t> out;
+  struct stat ns_of_init {};
+  if (::stat(("/proc/" + std::to_string(init_pid) + "/ns/pid").c_str(), &ns_of_init) != 0) return out;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    const std::string pid = entry.path().filename();
+    struct stat ns {};
+    if (pid.find_first_not_of("0123456789") != std::string::npos ||
+        ::stat(("/proc/" + pid + "/ns/pid").c_str(), &ns) != 0 || ns.st_ino != ns_of_init.st_ino) {
+      continue;
+    }
+    out.push_back(static_cast<pid_t>(std::stoi(pid)));
+  }
+  return out;
+}
+
 TEST_F(ContainerTest, SandboxRootIsAnUnprivilegedHostIdRangeOfItsOwn) {
   auto& a = create();
   auto& b = create();
@@ -50,18 +67,10 @@ TEST_F(ContainerTest, SandboxRootIsAnUnprivilegedHostIdRangeOfItsOwn) {
   // Seen from the host, every process of the sandbox (its init and a command left running) runs as the range's
   // root, not as 0.
   sh(a, "sleep 30 >/dev/null 2>&1 &");
-  const std::string init = std::to_string(a.persistentState().at("init_pid").get<int>());
-  struct stat ns_of_init {};
-  ASSERT_EQ(::stat(("/proc/" + init + "/ns/pid").c_str(), &ns_of_init), 0);
+  const pid_t init = a.persistentState().at("init_pid").get<pid_t>();
   int checked = 0;
-  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
-    const std::string pid = entry.path().filename();
-    struct stat ns {};
-    if (pid.find_first_not_of("0123456789") != std::string::npos ||
-        ::stat(("/proc/" + pid + "/ns/pid").c_str(), &ns) != 0 || ns.st_ino != ns_of_init.st_ino) {
-      continue;
-    }
-    auto status = readFile("/proc/" + pid + "/status");
+  for (pid_t pid : pidsInPidNamespaceOf(init)) {
+    auto status = readFile("/proc/" + std::to_string(pid) + "/status");
     if (!status.ok()) continue;
     for (const auto& line : split(*status, '\n')) {
       if (!startsWith(line, "Uid:")) continue;
@@ -147,16 +156,8 @@ backends::ContainerBackendOptions oneRangeOptions(const std::string& lease_dir) 
 // pidfds of every process in the pid namespace of the sandbox whose init is init_pid (its init included).
 std::vector<UniqueFd> processesOf(pid_t init_pid) {
   std::vector<UniqueFd> out;
-  struct stat ns_of_init {};
-  if (::stat(("/proc/" + std::to_string(init_pid) + "/ns/pid").c_str(), &ns_of_init) != 0) return out;
-  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
-    const std::string pid = entry.path().filename();
-    struct stat ns {};
-    if (pid.find_first_not_of("0123456789") != std::string::npos ||
-        ::stat(("/proc/" + pid + "/ns/pid").c_str(), &ns) != 0 || ns.st_ino != ns_of_init.st_ino) {
-      continue;
-    }
-    if (auto fd = pidfdOpen(std::stoi(pid)); fd.ok()) out.push_back(std::move(*fd));
+  for (pid_t pid : pidsInPidNamespaceOf(init_pid)) {
+    if (auto fd = pidfdOpen(pid); fd.ok()) out.push_back(std::move(*fd));
   }
   return out;
 }
@@ -276,10 +277,45 @@ TEST(IdRanges, NoTwoLeasesShareARange) {
   std::set<uint32_t> bases = {first->host_base, second->host_base, third->host_base};
   EXPECT_EQ(bases.size(), 3u);
   EXPECT_FALSE(b.acquire().ok()) << "a fourth lease out of three ranges";
-  third->lock_fd.reset();  // its sandbox is gone
+  // Its init gone (its lock with it) while the agent still holds the range: still taken.
+  third->init_fd.reset();
+  EXPECT_FALSE(b.acquire().ok()) << "a range came free while the agent that leased it still held it";
+  third->hold.reset();  // its sandbox is gone
   auto again = b.acquire();
   ASSERT_OK(again);
   EXPECT_EQ(again->host_base, third->host_base);
+}
+
+TEST(IdRanges, HoldingManyRangesCostsTheAgentOneFdPerLeaseFile) {
+  DSEC_SKIP_UNLESS_ROOT();
+  TempDir dir;
+  backends::IdRangeOptions options;
+  options.lease_dir = dir.path() + "/leases";
+  options.count = 300;
+  backends::IdRangeAllocator agent(options), other(options);
+  ASSERT_OK(agent.prepare());
+  auto fds = [] { return std::distance(std::filesystem::directory_iterator("/proc/self/fd"), {}); };
+  const auto before = fds();
+  std::vector<backends::IdRangeLease> held;
+  for (int i = 0; i < 200; ++i) {
+    auto lease = agent.acquire();
+    ASSERT_OK(lease);
+    lease->init_fd.reset();  // its init's (gone here: the agent's hold alone keeps the range)
+    held.push_back(std::move(*lease));
+  }
+  // 200 ranges live in 4 lease files of 64.
+  EXPECT_LE(fds() - before, 4);
+  // Each is still taken for anyone else; the 100 others are free.
+  std::set<uint32_t> mine;
+  for (const auto& l : held) mine.insert(l.host_base);
+  std::vector<backends::IdRangeLease> theirs;
+  for (int i = 0; i < 100; ++i) {
+    auto lease = other.acquire();
+    ASSERT_OK(lease);
+    EXPECT_EQ(mine.count(lease->host_base), 0u) << "range " << lease->host_base << " leased twice";
+    theirs.push_back(std::move(*lease));
+  }
+  EXPECT_FALSE(other.acquire().ok()) << "a range beyond the 300";
 }
 
 // A stand-in for a sandbox's init: a child holding fd as its lease fd until it is killed.
@@ -326,8 +362,10 @@ TEST(IdRanges, AnAdoptingAgentTakesBackItsInitsLeaseAndNoOneElses) {
   auto made = first.acquire();
   ASSERT_OK(made);
   const uint32_t base = made->host_base;
-  FakeInit init(made->lock_fd.get());
-  made->lock_fd.reset();  // the agent that made the sandbox is gone; its init holds the range
+  FakeInit init(made->init_fd.get());
+  made->init_fd.reset();
+  made->hold.reset();  // the agent that made the sandbox is gone; its init holds the range
+  EXPECT_FALSE(first.acquire().ok()) << "the range came free while the sandbox's init held it";
 
   backends::IdRangeAllocator restarted(options);
   auto adopted = restarted.adopt(base, init.pidfd());
@@ -336,7 +374,7 @@ TEST(IdRanges, AnAdoptingAgentTakesBackItsInitsLeaseAndNoOneElses) {
   // The init's end: the range stays leased as long as the adopting agent has not let go.
   init.kill();
   EXPECT_FALSE(restarted.acquire().ok()) << "the range came free with the init while the agent still held it";
-  adopted->lock_fd.reset();
+  adopted->hold.reset();
   auto other = restarted.acquire();  // now another sandbox's
   ASSERT_OK(other);
 

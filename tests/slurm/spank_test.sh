@@ -39,10 +39,8 @@ nodes_idle() {  # every node idle (or at least not drained/down) within a few se
 }
 init_exe() { echo "$(dirname "$DSEC_SPANK_SO")/dsec-sandbox-init"; }
 sandbox_inits() {  # pids of sandbox inits started by the plugin under test
-    local p exe; exe=$(init_exe)
-    for p in $(ls /proc | grep -E '^[0-9]+$'); do
-        [ "$(readlink "/proc/$p/exe" 2>/dev/null)" = "$exe" ] && echo "$p"
-    done
+    # One find, not a readlink per process: the node may run thousands of other processes (a dense fleet).
+    find /proc -mindepth 2 -maxdepth 2 -name exe -lname "$(init_exe)" 2>/dev/null | cut -d/ -f3
 }
 sandbox_cgroups() { find /sys/fs/cgroup/*/"$CGROUP_PARENT" /sys/fs/cgroup/"$CGROUP_PARENT" -mindepth 1 -maxdepth 1 -type d 2>/dev/null; }
 
@@ -228,10 +226,9 @@ t_stepd_killed() {
         sleep 0.1
     done
     [ -n "$job" ] || fail "the step did not start"
-    for p in $(ls /proc | grep -E '^[0-9]+$'); do
-        [ "$(cat "/proc/$p/comm" 2>/dev/null)" = slurmstepd ] || continue
-        tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -cx "DSEC_SLURM_CLUSTER=$BASE" >/dev/null || continue
-        case "$(tr '\0' ' ' <"/proc/$p/cmdline")" in "slurmstepd: [$job.0]"*) stepd=$p ;; esac
+    # pgrep, not a subshell per process: the node may run thousands of other processes.
+    for p in $(pgrep -f "^slurmstepd: \[$job\.0\]"); do
+        tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "DSEC_SLURM_CLUSTER=$BASE" && stepd=$p
     done
     [ -n "$stepd" ] || fail "cannot find the slurmstepd of step $job.0"
     kill -9 "$stepd"

@@ -106,7 +106,7 @@ bool receiveHeader(Request& r) {
       memcpy(&r.fds[r.nfds++], CMSG_DATA(c) + i * sizeof(int), sizeof(int));
   }
   if (n != static_cast<ssize_t>(sizeof r.header) || (msg.msg_flags & MSG_CTRUNC) != 0) return false;
-  return r.header.magic == proto::kRequestMagic;
+  return r.header.magic == proto::kRequestMagic || r.header.magic == proto::kInitRequestMagic;
 }
 
 // Splits count NUL-terminated strings starting at *pos into out; false if they run past end.
@@ -126,7 +126,11 @@ bool takeStrings(char** pos, const char* end, uint32_t count, char** out) {
 bool receiveStrings(Request& r) {
   const proto::RequestHeader& h = r.header;
   if (h.string_bytes > proto::kMaxStringBytes || h.nprocs > proto::kMaxProcsFds) return false;
-  if (r.nfds != static_cast<int>(proto::kFixedFds + h.nprocs)) return false;
+  if (h.magic == proto::kInitRequestMagic) {
+    if (h.nprocs != 0 || h.init_fds == 0 || r.nfds != static_cast<int>(h.init_fds) || h.ncandidates != 1) return false;
+  } else if (r.nfds != static_cast<int>(proto::kFixedFds + h.nprocs) || h.init_fds != 0) {
+    return false;
+  }
   if (!readFull(proto::kChannelFd, g_strings, h.string_bytes)) return false;
   g_strings[h.string_bytes] = '\0';
   char* pos = g_strings;
@@ -311,6 +315,52 @@ int spawnOne(const Request& r) {
   return pid < 0 ? -err : static_cast<int>(pid);
 }
 
+// A sandbox init's side: its fds at 0..n-1, nothing else of ours, every signal blocked (init unblocks what it
+// handles), then the exec. A failure is reported on fd 4 as init itself would (InitProtocol.h).
+[[noreturn]] void runInitProgram(const Request& r) {
+  close(proto::kChannelFd);
+  for (const auto& own : g_own_ns) close(own.fd);
+  if (g_anchor_pidfd >= 0) close(g_anchor_pidfd);
+  int oom_fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+  if (oom_fd >= 0) {
+    (void)!write(oom_fd, "0", 1);
+    close(oom_fd);
+  }
+  // Each source above every target number first, so no dup2 overwrites one still needed.
+  int high[kMaxFds];
+  for (int i = 0; i < r.nfds; ++i) {
+    high[i] = fcntl(r.fds[i], F_DUPFD, kMaxFds + 16);
+    if (high[i] < 0) _exit(127);
+  }
+  for (int i = 0; i < r.nfds; ++i) {
+    if (dup2(high[i], i) < 0) _exit(127);
+  }
+  if (syscall(SYS_close_range, r.nfds, ~0U, 0) < 0) _exit(127);
+  signal(SIGPIPE, SIG_DFL);
+  sigset_t all;
+  sigfillset(&all);
+  sigprocmask(SIG_SETMASK, &all, nullptr);
+  execve(g_candidates[0], g_argv, g_envp);
+  const int err = errno;
+  char line[64] = "err exec ";
+  char digits[16];
+  int len = 0;
+  for (int v = err; len == 0 || v > 0; v /= 10) digits[len++] = static_cast<char>('0' + v % 10);
+  size_t at = strlen(line);
+  while (len > 0 && at + 1 < sizeof line) line[at++] = digits[--len];
+  line[at] = '\0';
+  strncat(line, " exec dsec-sandbox-init\n", sizeof line - strlen(line) - 1);
+  if (r.nfds > 4) (void)writeFull(4, line, strlen(line));
+  _exit(127);
+}
+
+// Starts a sandbox init as the agent's child in our (the host's) namespaces; its pid or -errno.
+int startInit(const Request& r) {
+  long pid = syscall(SYS_clone, CLONE_PARENT | SIGCHLD, nullptr, nullptr, nullptr, 0);
+  if (pid == 0) runInitProgram(r);
+  return pid < 0 ? -errno : static_cast<int>(pid);
+}
+
 // Reads the setup, then serves requests until the agent closes the channel; returns the exit status.
 int serve() {
   proto::SetupHeader setup;
@@ -327,7 +377,7 @@ int serve() {
     if (!ok && r.nfds == 0 && r.header.magic == 0) return 0;  // EOF: the agent closed the channel
     proto::Reply reply = {0, EPROTO};
     if (ok && receiveStrings(r)) {
-      int pid = spawnOne(r);
+      int pid = r.header.magic == proto::kInitRequestMagic ? startInit(r) : spawnOne(r);
       reply.pid = pid > 0 ? pid : 0;
       reply.err = pid > 0 ? 0 : -pid;
     } else {

@@ -339,8 +339,8 @@ class ContainerBackend : public Backend {
       return fail(s.error());
 
     if (auto s = checkFault("container.open_root"); !s.ok()) return fail(s.error());
-    UniqueFd root = openProcRoot(init.pid);
-    if (!root) return fail(Error::sys(errno, "open sandbox root"));
+    // The file API opens it per operation; that it opens is part of a working sandbox.
+    if (!openProcRoot(init.pid)) return fail(Error::sys(errno, "open sandbox root"));
     auto started = processStartTime(init.pid);
     if (!started.ok()) return fail(started.error());
     init.start_time = *started;
@@ -352,8 +352,8 @@ class ContainerBackend : public Backend {
     SandboxSpec stored = spec;
     if (stored.disk_bytes == 0) stored.disk_bytes = disk;
     DSEC_LOG(kDebug, "container") << "created " << spec.id << " in " << (monotonicSeconds() - start) * 1000 << " ms";
-    return std::unique_ptr<Sandbox>(std::make_unique<ContainerSandbox>(shared_, std::move(stored), std::move(init),
-                                                                       std::move(root), std::move(cgroup), false, 0));
+    return std::unique_ptr<Sandbox>(
+        std::make_unique<ContainerSandbox>(shared_, std::move(stored), std::move(init), std::move(cgroup), false, 0));
   }
 
   Result<std::unique_ptr<Sandbox>> adopt(const nlohmann::json& state) override {
@@ -392,8 +392,7 @@ class ContainerBackend : public Backend {
     if (!theirs.ok() || !ours.ok() || *theirs == *ours) return gone("process is not a sandbox init");
     auto cgroup = shared_->cgroups->open(cgroup_name);
     if (!cgroup.ok()) return gone("cgroup missing: " + cgroup.error().message());
-    UniqueFd root = openProcRoot(pid);
-    if (!root) return gone("cannot open its root");
+    if (!openProcRoot(pid)) return gone("cannot open its root");
     init.is_child = parentOf(pid) == getpid();  // adopted back by the same process (tests): reap it ourselves
     if (state.value("user_namespace", false)) {
       auto host_root = hostRootOf(pid);
@@ -403,7 +402,7 @@ class ContainerBackend : public Backend {
       if (shared_->id_ranges) {
         auto lease = shared_->id_ranges->adopt(*host_root, init.pidfd.get());
         if (lease.ok()) {
-          init.lease = std::move(lease->lock_fd);
+          init.lease = std::move(lease->hold);
         } else if (lease.error().code() != ErrorCode::kNotFound) {
           return gone(lease.error().message());
         }
@@ -415,8 +414,8 @@ class ContainerBackend : public Backend {
       std::lock_guard lock(shared_->mu);
       shared_->live.insert(spec.id);
     }
-    return std::unique_ptr<Sandbox>(std::make_unique<ContainerSandbox>(
-        shared_, std::move(spec), std::move(init), std::move(root), std::move(*cgroup), paused, oom_kills));
+    return std::unique_ptr<Sandbox>(std::make_unique<ContainerSandbox>(shared_, std::move(spec), std::move(init),
+                                                                       std::move(*cgroup), paused, oom_kills));
   }
 
   Status reap(const nlohmann::json& state) override {
@@ -501,6 +500,8 @@ class ContainerBackend : public Backend {
     kind.id_ranges = shared_->id_ranges.get();
     kind.userns_owned_by_root = shared_->userns_owned_by_root;
     kind.network_namespace = network != NetworkMode::kHost;
+    // Without commands (SPANK steps) no spawner runs; such a process holds few fds anyway.
+    if (shared_->options.commands) kind.spawner = shared_->spawner.get();
     return kind;
   }
 
@@ -550,6 +551,7 @@ Result<std::unique_ptr<Backend>> makeContainerBackend(const ContainerBackendOpti
     }
   }
   shared->egress = std::make_unique<EgressNetwork>(options.egress_subnet);
+  shared->join_fds = std::make_unique<JoinFdCache>(static_cast<size_t>(std::max(0, options.join_fd_cache_sandboxes)));
   shared->spawner_path = findSpawner();
   shared->spawner = std::make_unique<Spawner>(shared->spawner_path, shared->seccomp);
   return std::unique_ptr<Backend>(std::make_unique<ContainerBackend>(std::move(shared)));

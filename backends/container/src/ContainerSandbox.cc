@@ -106,19 +106,16 @@ Result<SandboxSpec> specFromJson(const nlohmann::json& j) {
 }
 
 ContainerSandbox::ContainerSandbox(std::shared_ptr<ContainerShared> shared, SandboxSpec spec, InitProcess init,
-                                   UniqueFd root_fd, std::unique_ptr<Cgroup> cgroup, bool paused, int64_t oom_kills)
+                                   std::unique_ptr<Cgroup> cgroup, bool paused, int64_t oom_kills)
     : shared_(std::move(shared)),
       spec_(std::move(spec)),
       owner_(init.host_root),
       init_(std::move(init)),
-      root_fd_(std::move(root_fd)),
       cgroup_(std::move(cgroup)),
       procs_files_(cgroupJoinFiles(*cgroup_)),
       memory_dir_(memoryControlDir(*cgroup_)),
       state_(paused ? SandboxState::kPaused : SandboxState::kRunning),
-      oom_seen_(oom_kills) {
-  for (const auto& f : procs_files_) procs_fds_.emplace_back(open(f.c_str(), O_WRONLY | O_CLOEXEC));
-}
+      oom_seen_(oom_kills) {}
 
 // Dropping the handle does not destroy the sandbox: it keeps running for a restarted agent to adopt.
 ContainerSandbox::~ContainerSandbox() {
@@ -126,6 +123,7 @@ ContainerSandbox::~ContainerSandbox() {
     std::unique_lock lock(mu_);
     idle_.wait(lock, [&] { return users_ == 0; });
   }
+  shared_->join_fds->forget(spec_.id);
   std::lock_guard lock(shared_->mu);
   shared_->live.erase(spec_.id);  // without a handle it counts as a leftover for listLeftovers()
 }
@@ -156,6 +154,16 @@ SandboxState ContainerSandbox::state() const {
   return state_;
 }
 
+Result<UniqueFd> ContainerSandbox::openRoot() const {
+  UniqueFd root(open(("/proc/" + std::to_string(init_.pid) + "/root").c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+  const int open_errno = errno;
+  // A pid is reused only once its process is gone: init still alive now means the root opened was its.
+  pollfd p{init_.pidfd.get(), POLLIN, 0};
+  if (!init_.pidfd || poll(&p, 1, 0) != 0) return Error::notFound("sandbox " + spec_.id + " is gone: its init exited");
+  if (!root) return Error::sys(open_errno, "open the root of sandbox " + spec_.id);
+  return root;
+}
+
 Result<ExecResult> ContainerSandbox::exec(const ExecRequest& request) { return run(request, nullptr); }
 
 Result<ExecResult> ContainerSandbox::execStream(const ExecRequest& request, ExecSink& sink) {
@@ -164,27 +172,32 @@ Result<ExecResult> ContainerSandbox::execStream(const ExecRequest& request, Exec
 
 Result<UniqueFd> ContainerSandbox::openForRead(const std::string& path) {
   DSEC_ASSIGN_OR_RETURN(Use use, acquire(false));
-  return sandboxOpenForRead(root_fd_.get(), path);
+  DSEC_ASSIGN_OR_RETURN(UniqueFd root, openRoot());
+  return sandboxOpenForRead(root.get(), path);
 }
 
 Result<UniqueFd> ContainerSandbox::openForWrite(const std::string& path, uint32_t mode) {
   DSEC_ASSIGN_OR_RETURN(Use use, acquire(false));
-  return sandboxOpenForWrite(root_fd_.get(), path, mode, owner_);
+  DSEC_ASSIGN_OR_RETURN(UniqueFd root, openRoot());
+  return sandboxOpenForWrite(root.get(), path, mode, owner_);
 }
 
 Result<FileStat> ContainerSandbox::stat(const std::string& path) {
   DSEC_ASSIGN_OR_RETURN(Use use, acquire(false));
-  return sandboxStat(root_fd_.get(), path);
+  DSEC_ASSIGN_OR_RETURN(UniqueFd root, openRoot());
+  return sandboxStat(root.get(), path);
 }
 
 Result<std::vector<FileStat>> ContainerSandbox::listDir(const std::string& path) {
   DSEC_ASSIGN_OR_RETURN(Use use, acquire(false));
-  return sandboxListDir(root_fd_.get(), path);
+  DSEC_ASSIGN_OR_RETURN(UniqueFd root, openRoot());
+  return sandboxListDir(root.get(), path);
 }
 
 Status ContainerSandbox::remove(const std::string& path, bool recursive) {
   DSEC_ASSIGN_OR_RETURN(Use use, acquire(false));
-  return sandboxRemove(root_fd_.get(), path, recursive);
+  DSEC_ASSIGN_OR_RETURN(UniqueFd root, openRoot());
+  return sandboxRemove(root.get(), path, recursive);
 }
 
 Status ContainerSandbox::pause() {
@@ -231,8 +244,7 @@ Status ContainerSandbox::destroy() {
     std::unique_lock lock(mu_);
     idle_.wait(lock, [&] { return users_ == 0; });
   }
-  root_fd_.reset();    // the last reference to the overlay and its upper: the memory goes back now
-  procs_fds_.clear();  // no command is being started any more (no users)
+  shared_->join_fds->forget(spec_.id);  // no command is being started any more (no users)
   // Normally the namespace died with its init and the cgroup is empty already; killAll (a freeze/kill/thaw
   // cycle on v1, which patches kernel text on every freeze) is only for stragglers.
   auto left = cgroup_->pids();

@@ -1,5 +1,11 @@
-// One container sandbox as seen by the agent: its init (pid, start time, pidfd), its root (an O_PATH fd
-// through /proc/<init>/root, used by the file API) and its cgroup.
+// One container sandbox as seen by the agent: its init (pid, start time, pidfd) and its cgroup.
+//
+// The agent's fds per idle sandbox (a node holds thousands; docs/density.md): one, the init's pidfd, which names
+// the sandbox's PID 1 without the races of a pid (kill, death, the namespaces commands join, adoption). Nothing
+// else is held per sandbox: the host id range's lease is a lock taken through a file description shared by all the
+// agent's sandboxes (UserNamespace.h); the root for the file API is opened per operation through /proc/<init>/root;
+// the cgroup files a command joins are kept only for the most recently used sandboxes (JoinFdCache.h); spawn()ed
+// processes' pidfds only while they run.
 #pragma once
 
 #include <linux/filter.h>
@@ -15,6 +21,7 @@
 #include <vector>
 
 #include "EgressNetwork.h"
+#include "JoinFdCache.h"
 #include "Spawn.h"
 #include "UserNamespace.h"
 #include "dsec/backends/BackendKind.h"
@@ -39,6 +46,7 @@ struct ContainerShared {
   std::string spawner_path;
   std::unique_ptr<Spawner> spawner;       // starts every command inside a sandbox
   std::unique_ptr<EgressNetwork> egress;  // network egress links and the node's rules (prepared on first use)
+  std::unique_ptr<JoinFdCache> join_fds;  // the cgroup files of the sandboxes that ran a command most recently
   std::mutex mu;
   std::set<std::string> live;  // ids created or adopted by this process and not destroyed
 };
@@ -49,14 +57,14 @@ struct InitProcess {
   UniqueFd pidfd;
   bool is_child = false;              // created by this process (then it must be reaped with waitid)
   std::optional<uint32_t> host_root;  // host uid/gid of the sandbox's root when it has a user namespace
-  // The agent's copy of the lease of that range: let go only once init is reaped (then every process of its pid
-  // namespace is gone), never merely because init closed its own copy on the way out.
-  UniqueFd lease;
+  // The agent's hold on that range: let go only once init is reaped (then every process of its pid namespace is
+  // gone), never merely because init's lock went with init's files on the way out.
+  IdRangeHold lease;
 };
 
 class ContainerSandbox : public Sandbox {
  public:
-  ContainerSandbox(std::shared_ptr<ContainerShared> shared, SandboxSpec spec, InitProcess init, UniqueFd root_fd,
+  ContainerSandbox(std::shared_ptr<ContainerShared> shared, SandboxSpec spec, InitProcess init,
                    std::unique_ptr<Cgroup> cgroup, bool paused, int64_t oom_kills);
   ~ContainerSandbox() override;
 
@@ -84,7 +92,7 @@ class ContainerSandbox : public Sandbox {
   nlohmann::json persistentState() const override;
 
  private:
-  // Keeps the init pidfd and root fd open while an exec or file operation uses them.
+  // Keeps the init pidfd open while an exec or file operation uses it.
   class Use {
    public:
     explicit Use(ContainerSandbox* sb) : sb_(sb) {}
@@ -96,6 +104,8 @@ class ContainerSandbox : public Sandbox {
   };
   // kNotFound once destroyed; kConflict when paused and the caller needs it running.
   Result<Use> acquire(bool need_running);
+  // The sandbox's root (O_PATH), for one file operation (under a Use).
+  Result<UniqueFd> openRoot() const;
   Result<ExecResult> run(const ExecRequest& request, ExecSink* sink);
   // Sets result.oom_killed when the cgroup counted an OOM kill that no earlier exec reported.
   void noteOomKill(ExecResult& result);
@@ -113,12 +123,10 @@ class ContainerSandbox : public Sandbox {
   // Files the API creates inside belong to the sandbox's root (host id host_root); nullopt: host root.
   std::optional<uint32_t> owner_;
   InitProcess init_;
-  UniqueFd root_fd_;
   std::unique_ptr<Cgroup> cgroup_;
-  std::vector<std::string> procs_files_;  // the cgroup's files a new command writes "0" into to join it
-  // Those files opened for writing once (host files: never passed on to anything inside), so a command costs no
-  // opens; a file that could not be opened is retried by name at the command.
-  std::vector<UniqueFd> procs_fds_;
+  // The cgroup's files a new command writes "0" into to join it (opened through shared_->join_fds: host files,
+  // never passed on to anything inside).
+  std::vector<std::string> procs_files_;
   // The memory controller's directory (found from the cgroup's procs files) for setMemoryLimit; "" = none.
   std::string memory_dir_;
   std::mutex memory_mu_;  // one limit change at a time (v1 writes two files in a value-dependent order)

@@ -9,7 +9,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <optional>
 
@@ -92,12 +94,13 @@ Result<IdleInit> spawnIdleInit(const InitKind& kind) {
   req.network_namespace = kind.network_namespace;
   req.config_fd = config_init.get();
   req.status_fd = status_w.get();
-  req.lease_fd = lease ? lease->lock_fd.get() : -1;
-  DSEC_ASSIGN_OR_RETURN(SpawnedProcess stage, spawnInitStage(req));
-  // Init holds the other ends now (and a copy of the lease): EOF on status_r means it died. Our copy of the lease
-  // stays with the sandbox until its processes are gone.
+  req.lease_fd = lease ? lease->init_fd.get() : -1;
+  DSEC_ASSIGN_OR_RETURN(SpawnedProcess stage, spawnInitStage(req, kind.spawner));
+  // Init holds the other ends now (and its lease fd): EOF on status_r means it died. Our hold on the range stays
+  // with the sandbox until its processes are gone.
   config_init.reset();
   status_w.reset();
+  if (lease) lease->init_fd.reset();  // init's alone
   auto fail = [&](const Error& e) {
     (void)syscall(SYS_pidfd_send_signal, stage.pidfd.get(), SIGKILL, nullptr, 0);
     reapStage(stage);
@@ -136,7 +139,7 @@ Result<IdleInit> spawnIdleInit(const InitKind& kind) {
   out.status_read = std::move(status_read);
   if (lease) {
     out.host_base = lease->host_base;
-    out.lease = std::move(lease->lock_fd);
+    out.lease = std::move(lease->hold);
     out.userns.reset(open(("/proc/" + std::to_string(pid) + "/ns/user").c_str(), O_RDONLY | O_CLOEXEC));
     if (!out.userns) {
       Error e = Error::sys(errno, "open the sandbox's user namespace");
@@ -190,6 +193,10 @@ std::optional<IdleInit> InitPool::take() {
 }
 
 void InitPool::run() {
+  // A failure may pass (a node at its open-files limit or out of id ranges frees some as sandboxes go): creates
+  // start their own inits meanwhile, and the pool tries again later, less often the longer it keeps failing.
+  double backoff_seconds = 0.5;
+  std::string last_failure;
   for (;;) {
     {
       std::unique_lock lock(mu_);
@@ -198,9 +205,18 @@ void InitPool::run() {
     }
     auto init = spawnIdleInit(kind_);
     if (!init.ok()) {
-      DSEC_LOG(kWarn, "container") << "init pool: " << init.error().toString() << "; pool disabled";
-      return;
+      if (init.error().message() != last_failure) {
+        last_failure = init.error().message();
+        DSEC_LOG(kWarn, "container") << "init pool: " << init.error().toString() << "; trying again later";
+      }
+      std::unique_lock lock(mu_);
+      cv_.wait_for(lock, std::chrono::duration<double>(backoff_seconds), [&] { return stop_; });
+      if (stop_) return;
+      backoff_seconds = std::min(backoff_seconds * 2, 30.0);
+      continue;
     }
+    backoff_seconds = 0.5;
+    last_failure.clear();
     std::lock_guard lock(mu_);
     if (stop_) {
       discardIdleInit(*init);

@@ -28,7 +28,7 @@ struct IdleInit {
   std::string status_read;  // bytes already read from status_r past init's pid line
   UniqueFd userns;          // its user namespace (to idmap the layers to); invalid without one
   uint32_t host_base = 0;   // host uid/gid of its root; 0 without a user namespace
-  UniqueFd lease;           // the agent's copy of the range's lease (UserNamespace.h); invalid without one
+  IdRangeHold lease;        // the agent's hold on the range (UserNamespace.h); empty without one
 };
 
 // What kind of init to start.
@@ -37,6 +37,7 @@ struct InitKind {
   IdRangeAllocator* id_ranges = nullptr;  // a user namespace with a leased id range; nullptr: none
   bool userns_owned_by_root = false;      // the kernel refuses user namespaces made by unprivileged ids
   bool network_namespace = true;          // false: the host's network (SPANK steps only)
+  Spawner* spawner = nullptr;             // starts the init (Spawn.h); nullptr: this process does
 };
 
 // Reads one status line of init from fd by the chunk; a line's bytes may come in several reads and the next line's

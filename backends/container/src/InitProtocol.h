@@ -6,7 +6,8 @@
 // namespaces (a fresh exec: nothing of the agent's memory is in it) with:
 //   fd 3  a unix stream socket (agent <-> init): the handshake byte, then the config
 //   fd 4  a pipe (init -> agent): status lines
-//   fd 5  (userns only) the locked lease file of the sandbox's host id range: held open for the sandbox's life
+//   fd 5  (userns only) the lease file of the sandbox's host id range, through a file description that holds a
+//         read lock on the range's byte (UserNamespace.h): held open for the sandbox's life
 //
 // Stage 1 (the exec'd process, still in the host pid namespace):
 //   userns: take the host uid and gid HOSTID (the root of the sandbox's range: the namespace and everything charged

@@ -90,17 +90,9 @@ Result<SpawnedCommand> ContainerSandbox::startCommand(const ExecRequest& request
     for (const auto& dir : split(env["PATH"], ':')) spawn.candidates.push_back((dir.empty() ? "." : dir) + "/" + prog);
   }
   spawn.cwd = request.cwd;
-  // The cgroup's files, opened on the host (inside, they are not visible).
-  std::vector<UniqueFd> reopened;
-  for (size_t i = 0; i < procs_files_.size(); ++i) {
-    if (procs_fds_[i]) {
-      spawn.procs_fds.push_back(procs_fds_[i].get());
-      continue;
-    }
-    reopened.emplace_back(open(procs_files_[i].c_str(), O_WRONLY | O_CLOEXEC));
-    if (!reopened.back()) return Error::sys(errno, "open " + procs_files_[i]);
-    spawn.procs_fds.push_back(reopened.back().get());
-  }
+  // The cgroup's files, opened on the host (inside, they are not visible); kept open until the spawner has them.
+  DSEC_ASSIGN_OR_RETURN(JoinFdCache::Fds procs, shared_->join_fds->get(spec_.id, procs_files_));
+  for (const auto& fd : *procs) spawn.procs_fds.push_back(fd.get());
   spawn.init_pidfd = init_.pidfd.get();
   spawn.user_namespace = owner_.has_value();
   spawn.namespace_flags = CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWCGROUP;

@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -13,12 +14,14 @@
 #include <cerrno>
 #include <cstring>
 #include <memory>
+#include <optional>
 
 #include "InitProtocol.h"
 #include "SpawnProtocol.h"
 #include "dsec/common/FdIo.h"
 #include "dsec/common/Logging.h"
 #include "dsec/common/Process.h"
+#include "dsec/common/ProcessLimits.h"
 #include "dsec/common/Strings.h"
 
 namespace dsec::backends {
@@ -53,6 +56,7 @@ struct ExecChildArgs {
   char* const* argv;
   const int* fds;  // fds[i] becomes fd i
   int nfds;
+  const rlimit* nofile;  // RLIMIT_NOFILE to give the program, or nullptr to keep ours
   int err = 0;
 };
 
@@ -69,6 +73,8 @@ int execChild(void* arg) {
     a->err = errno;
     _exit(127);
   }
+  // Rlimits are the child's own (not shared with us through CLONE_VM).
+  if (a->nofile != nullptr) (void)setrlimit(RLIMIT_NOFILE, a->nofile);
   char* const envp[] = {nullptr};
   execve(a->path, a->argv, envp);
   a->err = errno;
@@ -87,7 +93,10 @@ Result<SpawnedProcess> execWithFds(const std::string& path, std::vector<std::str
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
-  ExecChildArgs child_args{path.c_str(), argv.data(), fds.data(), static_cast<int>(fds.size())};
+  // What the agent raised for itself (ProcessLimits.h) is not handed on to what runs in sandboxes.
+  const std::optional<rlimit> nofile = originalFileLimit();
+  ExecChildArgs child_args{path.c_str(), argv.data(), fds.data(), static_cast<int>(fds.size()),
+                           nofile ? &*nofile : nullptr};
   std::unique_ptr<char[]> stack(new char[kStackSize]);
   int pidfd = -1;
   pid_t pid;
@@ -136,18 +145,18 @@ int sandboxSchedPolicy(const SandboxSpec& spec, bool cpu_qos) {
   return cpu_qos && spec.qos == CpuQos::kBatch ? SCHED_IDLE : -1;
 }
 
-Result<SpawnedProcess> spawnInitStage(const InitSpawnRequest& request) {
+Result<SpawnedProcess> spawnInitStage(const InitSpawnRequest& request, Spawner* spawner) {
   UniqueFd devnull(open("/dev/null", O_RDWR | O_CLOEXEC));
   if (!devnull) return Error::sys(errno, "open /dev/null");
   std::vector<int> fds = {devnull.get(), devnull.get(), devnull.get(), request.config_fd, request.status_fd};
   if (request.lease_fd >= 0) fds.push_back(request.lease_fd);
-  return execWithFds(request.init_path,
-                     {"dsec-sandbox-init",
-                      !request.user_namespace     ? std::string("nouserns")
-                      : request.userns_owner >= 0 ? "userns=" + std::to_string(request.userns_owner)
-                                                  : std::string("userns=root"),
-                      request.network_namespace ? "netns" : "hostnet"},
-                     fds);
+  std::vector<std::string> args = {"dsec-sandbox-init",
+                                   !request.user_namespace     ? std::string("nouserns")
+                                   : request.userns_owner >= 0 ? "userns=" + std::to_string(request.userns_owner)
+                                                               : std::string("userns=root"),
+                                   request.network_namespace ? "netns" : "hostnet"};
+  if (spawner != nullptr) return spawner->startInit(request.init_path, args, fds);
+  return execWithFds(request.init_path, std::move(args), std::move(fds));
 }
 
 Result<ExecStart> awaitExec(SpawnedCommand& command, double deadline) {
@@ -255,6 +264,15 @@ Result<SpawnedCommand> Spawner::sendLocked(const CommandSpawnRequest& request, c
   DSEC_TRY(sendToSpawner(channel_.get(), strings.data(), strings.size()));
   status_w.reset();  // the child holds the only write end now
 
+  DSEC_ASSIGN_OR_RETURN(SpawnedProcess child, readReplyLocked("a command in the sandbox"));
+  SpawnedCommand out;
+  out.pid = child.pid;
+  out.pidfd = std::move(child.pidfd);
+  out.status_fd = std::move(status_r);
+  return out;
+}
+
+Result<SpawnedProcess> Spawner::readReplyLocked(const std::string& what) {
   sp::Reply reply{};
   size_t got = 0;
   while (got < sizeof reply) {
@@ -267,21 +285,59 @@ Result<SpawnedCommand> Spawner::sendLocked(const CommandSpawnRequest& request, c
     if (r <= 0) return Error(ErrorCode::kUnavailable, "the sandbox spawner exited");
     got += static_cast<size_t>(r);
   }
-  if (reply.pid <= 0) return Error::sys(reply.err != 0 ? reply.err : EIO, "start a command in the sandbox");
-  SpawnedCommand out;
+  if (reply.pid <= 0) return Error::sys(reply.err != 0 ? reply.err : EIO, "start " + what);
+  SpawnedProcess out;
   out.pid = reply.pid;
-  // The command is our child (CLONE_PARENT): its pid cannot be reused before we reap it. Without a pidfd nothing
-  // would ever watch or reap it: kill it rather than leave it running unsupervised.
+  // The child is ours (CLONE_PARENT): its pid cannot be reused before we reap it. Without a pidfd nothing would
+  // ever watch or reap it: kill it rather than leave it running unsupervised.
   auto pidfd = pidfdOpen(reply.pid);
   if (!pidfd.ok()) {
     ::kill(reply.pid, SIGKILL);
     while (::waitpid(reply.pid, nullptr, 0) < 0 && errno == EINTR) {
     }
-    return pidfd.error().wrap("watching a command started in the sandbox");
+    return pidfd.error().wrap("watching " + what);
   }
   out.pidfd = std::move(*pidfd);
-  out.status_fd = std::move(status_r);
   return out;
+}
+
+Result<SpawnedProcess> Spawner::sendInitLocked(const std::string& path, const std::vector<std::string>& args,
+                                               const std::vector<int>& fds, bool* sent) {
+  *sent = false;
+  std::string strings;
+  appendStrings(&strings, args);
+  strings.append(path);
+  strings.push_back('\0');
+  strings.append("/");
+  strings.push_back('\0');
+  sp::RequestHeader header{};
+  header.magic = sp::kInitRequestMagic;
+  header.argc = static_cast<uint32_t>(args.size());
+  header.ncandidates = 1;
+  header.string_bytes = static_cast<uint32_t>(strings.size());
+  header.init_fds = static_cast<uint32_t>(fds.size());
+  DSEC_ASSIGN_OR_RETURN(
+      size_t n, sendWithFds(channel_.get(), std::string_view(reinterpret_cast<const char*>(&header), sizeof header),
+                            fds, "to the spawner"));
+  *sent = true;
+  if (n != sizeof header) return Error::internal("short send to the spawner");
+  DSEC_TRY(sendToSpawner(channel_.get(), strings.data(), strings.size()));
+  return readReplyLocked(path);
+}
+
+Result<SpawnedProcess> Spawner::startInit(const std::string& path, const std::vector<std::string>& args,
+                                          const std::vector<int>& fds) {
+  std::lock_guard lock(mu_);
+  for (int attempt = 0;; ++attempt) {
+    if (!channel_) DSEC_TRY(startLocked());
+    bool sent = false;
+    auto started = sendInitLocked(path, args, fds, &sent);
+    if (started.ok()) return started;
+    if (started.error().code() != ErrorCode::kUnavailable && sent) return started;
+    DSEC_LOG(kWarn, "container") << "sandbox spawner: " << started.error().message() << "; restarting it";
+    stopLocked();
+    if (sent || attempt > 0) return started;
+  }
 }
 
 Result<SpawnedCommand> Spawner::spawn(const CommandSpawnRequest& request) {

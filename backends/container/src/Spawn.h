@@ -36,9 +36,12 @@ struct InitSpawnRequest {
   int lease_fd = -1;              // becomes fd 5 of init when >= 0 (held for the sandbox's life)
 };
 
-// Starts stage 1 of dsec-sandbox-init (stdin/stdout/stderr on /dev/null, every signal blocked). The caller
-// completes the handshake (InitPool.cc) and reaps it.
-Result<SpawnedProcess> spawnInitStage(const InitSpawnRequest& request);
+class Spawner;
+
+// Starts stage 1 of dsec-sandbox-init (stdin/stdout/stderr on /dev/null, every signal blocked) through the spawner
+// (its clone copies the spawner's few fds, not the agent's thousands), or, without one, from this process. The
+// caller completes the handshake (InitPool.cc) and reaps it.
+Result<SpawnedProcess> spawnInitStage(const InitSpawnRequest& request, Spawner* spawner);
 
 struct CommandSpawnRequest {
   std::vector<int> procs_fds;  // the sandbox cgroup's files, opened for writing
@@ -80,11 +83,17 @@ class Spawner {
   Spawner& operator=(const Spawner&) = delete;
 
   Result<SpawnedCommand> spawn(const CommandSpawnRequest& request);
+  // Starts path (a sandbox init) with args and fds (at 0..n-1) as our child in the host's namespaces.
+  Result<SpawnedProcess> startInit(const std::string& path, const std::vector<std::string>& args,
+                                   const std::vector<int>& fds);
 
  private:
   Status startLocked();
   void stopLocked();
   Result<SpawnedCommand> sendLocked(const CommandSpawnRequest& request, const std::string& strings, bool* sent);
+  Result<SpawnedProcess> sendInitLocked(const std::string& path, const std::vector<std::string>& args,
+                                        const std::vector<int>& fds, bool* sent);
+  Result<SpawnedProcess> readReplyLocked(const std::string& what);
 
   const std::string path_;
   const std::vector<sock_filter> seccomp_;

@@ -20,7 +20,13 @@
 //     argc argv strings, envc "K=V" strings, ncandidates paths to try for argv[0], then cwd, each NUL-terminated.
 //     fds, in order: init pidfd, stdin, stdout, stderr, the write end of the status pipe, then nprocs fds of the
 //     sandbox cgroup's procs/tasks files opened for writing.
-//   spawner -> agent, per command: Reply.
+//   agent -> spawner, per sandbox init (Spawn.h, spawnInitStage): a RequestHeader with kInitRequestMagic carrying
+//     init_fds fds, which become fds 0..init_fds-1 of the program, then the strings as for a command (argv, no env,
+//     one candidate: the program's path, cwd "/"). The spawner clones a child with CLONE_PARENT in its own (the
+//     host's) namespaces, which execs the program with every signal blocked. The agent could start it itself, but
+//     a clone copies the caller's fd table, and a node agent holds thousands of fds: starting every init from the
+//     spawner's few keeps the cost of a create from growing with the sandboxes on the node.
+//   spawner -> agent, per command or init: Reply.
 //   child -> agent: on the status pipe, a ChildFailure and exit 127 when a step fails; on success the pipe just
 //   closes at exec (it is close-on-exec).
 #pragma once
@@ -30,9 +36,10 @@
 namespace dsec::backends::spawn_protocol {
 
 constexpr int kChannelFd = 3;
-constexpr uint32_t kSetupMagic = 0x64737031;    // "dsp1"
-constexpr uint32_t kRequestMagic = 0x64737271;  // "dsrq"
-constexpr uint32_t kMaxStringBytes = 4u << 20;  // argv + env + paths (ARG_MAX-sized)
+constexpr uint32_t kSetupMagic = 0x64737031;        // "dsp1"
+constexpr uint32_t kRequestMagic = 0x64737271;      // "dsrq"
+constexpr uint32_t kInitRequestMagic = 0x6473696e;  // "dsin"
+constexpr uint32_t kMaxStringBytes = 4u << 20;      // argv + env + paths (ARG_MAX-sized)
 constexpr uint32_t kMaxProcsFds = 8;
 constexpr uint32_t kFixedFds = 5;  // init pidfd, stdin, stdout, stderr, status
 constexpr uint32_t kMaxBpfInstructions = 4096;
@@ -55,7 +62,7 @@ struct RequestHeader {
   uint32_t argc, envc, ncandidates;
   uint32_t nprocs;
   uint32_t string_bytes;  // the NUL-terminated strings that follow
-  uint32_t reserved;
+  uint32_t init_fds;      // kInitRequestMagic: the fds that came (0 for a command)
 };
 
 struct Reply {

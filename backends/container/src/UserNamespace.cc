@@ -5,7 +5,6 @@
 #include <linux/mount.h>
 #include <sched.h>
 #include <signal.h>
-#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -40,7 +39,84 @@ std::string overlappingSubordinateRange(const std::string& file, uint64_t first,
 
 }  // namespace
 
-IdRangeAllocator::IdRangeAllocator(IdRangeOptions options) : options_(std::move(options)) {}
+// The lease files an allocator has open, one shared read-write file description each (kept while the allocator or
+// any hold lives: at most count / 64 fds), and the ranges it holds through them.
+class LeaseFiles {
+ public:
+  explicit LeaseFiles(std::string dir) : dir_(std::move(dir)) {}
+
+  std::string path(uint32_t slot) const { return dir_ + "/ranges-" + std::to_string(slot / kRangesPerLeaseFile); }
+
+  // The shared file description of slot's lease file, opened on first use. mu() held.
+  Result<int> sharedFd(uint32_t slot) {
+    auto it = files_.find(slot / kRangesPerLeaseFile);
+    if (it != files_.end()) return it->second.get();
+    const std::string file = path(slot);
+    // Read-write: a write lock (the lease test) needs it. Root's and private, like its directory.
+    UniqueFd fd(::open(file.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600));
+    if (!fd) return Error::sys(errno, "open id range lease file " + file);
+    const int raw = fd.get();
+    files_.emplace(slot / kRangesPerLeaseFile, std::move(fd));
+    return raw;
+  }
+
+  std::mutex& mu() { return mu_; }
+  bool holds(uint32_t slot) const { return held_.count(slot) != 0; }
+  void markHeld(uint32_t slot) { held_.insert(slot); }
+
+  void release(uint32_t slot) {
+    std::lock_guard lock(mu_);
+    if (held_.erase(slot) == 0) return;
+    auto it = files_.find(slot / kRangesPerLeaseFile);
+    if (it != files_.end()) (void)lockByte(it->second.get(), slot, F_UNLCK);
+  }
+
+  // One range's byte of its lease file, locked (F_RDLCK, F_WRLCK) or unlocked through fd's file description;
+  // fails with EAGAIN when another file description's lock conflicts.
+  static int lockByte(int fd, uint32_t slot, short type) {
+    struct flock fl {};
+    fl.l_type = type;
+    fl.l_whence = SEEK_SET;
+    fl.l_start = static_cast<off_t>(slot % kRangesPerLeaseFile);
+    fl.l_len = 1;
+    return ::fcntl(fd, F_OFD_SETLK, &fl);
+  }
+
+  // Whether a file description other than fd's holds a lock on slot's byte.
+  static Result<bool> lockedByOthers(int fd, uint32_t slot) {
+    struct flock fl {};
+    fl.l_type = F_WRLCK;
+    fl.l_whence = SEEK_SET;
+    fl.l_start = static_cast<off_t>(slot % kRangesPerLeaseFile);
+    fl.l_len = 1;
+    if (::fcntl(fd, F_OFD_GETLK, &fl) != 0) return Error::sys(errno, "test id range lease");
+    return fl.l_type != F_UNLCK;
+  }
+
+ private:
+  std::mutex mu_;
+  const std::string dir_;
+  std::map<uint32_t, UniqueFd> files_;  // lease file index -> the shared file description
+  std::set<uint32_t> held_;
+};
+
+IdRangeHold& IdRangeHold::operator=(IdRangeHold&& other) noexcept {
+  if (this != &other) {
+    reset();
+    files_ = std::move(other.files_);
+    slot_ = other.slot_;
+  }
+  return *this;
+}
+
+void IdRangeHold::reset() {
+  if (!files_) return;
+  files_->release(slot_);
+  files_.reset();
+}
+
+IdRangeAllocator::IdRangeAllocator(IdRangeOptions options)
+    : options_(std::move(options)), files_(std::make_shared<LeaseFiles>(options_.lease_dir)) {}
 
 Status IdRangeAllocator::prepare() {
   const uint64_t end = uint64_t{options_.first_host_id} + uint64_t{options_.count} * kIdRangeSize;
@@ -70,20 +146,30 @@ Status IdRangeAllocator::prepare() {
 
 Result<IdRangeLease> IdRangeAllocator::acquire() {
   std::lock_guard lock(mu_);
+  std::lock_guard files_lock(files_->mu());
   for (uint32_t tried = 0; tried < options_.count; ++tried) {
     const uint32_t slot = (next_ + tried) % options_.count;
-    const std::string path = options_.lease_dir + "/" + std::to_string(slot);
-    // Read-only: the init that ends up holding it can do nothing with it but keep the lock.
-    UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0400));
-    if (!fd) return Error::sys(errno, "open id range lease " + path);
-    if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
-      if (errno == EWOULDBLOCK || errno == EINTR) continue;
-      return Error::sys(errno, "lock id range lease " + path);
+    if (files_->holds(slot)) continue;  // one of ours (our own lock would not refuse us)
+    DSEC_ASSIGN_OR_RETURN(int shared, files_->sharedFd(slot));
+    if (LeaseFiles::lockByte(shared, slot, F_WRLCK) != 0) {
+      if (errno == EAGAIN || errno == EACCES || errno == EINTR) continue;  // someone else's
+      return Error::sys(errno, "lock id range lease " + files_->path(slot));
     }
+    // Ours alone now. Ours becomes a read lock (atomically: the byte is never unlocked in between), then init's
+    // file description takes one of its own. Read-only: init can do nothing with it but keep the lock.
+    (void)LeaseFiles::lockByte(shared, slot, F_RDLCK);
+    UniqueFd init_fd(::open(files_->path(slot).c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+    if (!init_fd || LeaseFiles::lockByte(init_fd.get(), slot, F_RDLCK) != 0) {
+      Error e = Error::sys(errno, "lock id range lease " + files_->path(slot) + " for init");
+      (void)LeaseFiles::lockByte(shared, slot, F_UNLCK);
+      return e;
+    }
+    files_->markHeld(slot);
     next_ = (slot + 1) % options_.count;
     IdRangeLease lease;
     lease.host_base = options_.first_host_id + slot * kIdRangeSize;
-    lease.lock_fd = std::move(fd);
+    lease.hold = IdRangeHold(files_, slot);
+    lease.init_fd = std::move(init_fd);
     return lease;
   }
   return Error(ErrorCode::kResourceExhausted,
@@ -95,30 +181,41 @@ Result<IdRangeLease> IdRangeAllocator::adopt(uint32_t host_base, int init_pidfd)
   if (host_base < options_.first_host_id || offset % kIdRangeSize != 0 || offset / kIdRangeSize >= options_.count) {
     return Error::notFound("host id " + std::to_string(host_base) + " is not the root of a range leased here");
   }
+  const auto slot = static_cast<uint32_t>(offset / kIdRangeSize);
   std::lock_guard lock(mu_);
-  const std::string path = options_.lease_dir + "/" + std::to_string(offset / kIdRangeSize);
-  UniqueFd file(::open(path.c_str(), O_RDONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0400));
-  if (!file) return Error::sys(errno, "open id range lease " + path);
+  std::lock_guard files_lock(files_->mu());
+  auto conflict = [&] {
+    return Error(ErrorCode::kConflict, "host id range " + std::to_string(host_base) +
+                                           " is leased by another process than its sandbox's init");
+  };
+  if (files_->holds(slot)) return conflict();  // another sandbox of ours has it
+  DSEC_ASSIGN_OR_RETURN(int shared, files_->sharedFd(slot));
   struct stat want {};
-  if (::fstat(file.get(), &want) != 0) return Error::sys(errno, "stat id range lease " + path);
-  // Init's copy is the lock itself; a lock of our own on a new file description would conflict with it.
+  if (::fstat(shared, &want) != 0) return Error::sys(errno, "stat id range lease " + files_->path(slot));
+  // Init's lease fd: the file description holding its lock.
   UniqueFd held(static_cast<int>(syscall(SYS_pidfd_getfd, init_pidfd, init_protocol::kLeaseFd, 0)));
   struct stat got {};
   if (held && ::fstat(held.get(), &got) == 0 && got.st_dev == want.st_dev && got.st_ino == want.st_ino) {
-    IdRangeLease lease;
-    lease.host_base = host_base;
-    lease.lock_fd = std::move(held);
-    return lease;
+    // Nobody but init may hold the range (its own lock does not count: the test goes through its description).
+    DSEC_ASSIGN_OR_RETURN(bool others, LeaseFiles::lockedByOthers(held.get(), slot));
+    if (others) return conflict();
+    // Init's lock (taken again if it had let it go: nobody else holds the range), then ours beside it.
+    if (LeaseFiles::lockByte(held.get(), slot, F_RDLCK) != 0 || LeaseFiles::lockByte(shared, slot, F_RDLCK) != 0) {
+      if (errno == EAGAIN || errno == EACCES) return conflict();
+      return Error::sys(errno, "lock id range lease " + files_->path(slot));
+    }
+  } else {
+    // Init does not hold it (it should): the range is ours only if nobody else holds it.
+    if (LeaseFiles::lockByte(shared, slot, F_WRLCK) != 0) {
+      if (errno == EAGAIN || errno == EACCES) return conflict();
+      return Error::sys(errno, "lock id range lease " + files_->path(slot));
+    }
+    (void)LeaseFiles::lockByte(shared, slot, F_RDLCK);
   }
-  // Init does not hold it (it should): the range is ours only if nobody else does.
-  if (::flock(file.get(), LOCK_EX | LOCK_NB) != 0) {
-    if (errno != EWOULDBLOCK) return Error::sys(errno, "lock id range lease " + path);
-    return Error(ErrorCode::kConflict, "host id range " + std::to_string(host_base) +
-                                           " is leased by another process than its sandbox's init");
-  }
+  files_->markHeld(slot);
   IdRangeLease lease;
   lease.host_base = host_base;
-  lease.lock_fd = std::move(file);
+  lease.hold = IdRangeHold(files_, slot);
   return lease;
 }
 

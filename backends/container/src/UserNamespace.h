@@ -3,17 +3,23 @@
 // mounts.
 //
 // Ranges are leased node-wide (every agent, CLI and test on a node shares one lease directory): a range is in use
-// while its lease file is locked (flock). The lock belongs to one open file description, held by the sandbox's init
-// (which inherits it) and by the agent that runs the sandbox (a copy, taken back from init on adoption). Init alone
-// is not enough: the kernel closes a dying init's files before it kills the rest of its pid namespace, so the range
-// would come free while the sandbox's other processes still run with its ids. The agent lets its copy go only once
-// init has been reaped, which happens after every other process of the namespace is gone.
+// while a lock is held on its byte of its lease file (ranges-<k> holds ranges 64k..64k+63, range r at byte r % 64;
+// open file description locks, F_OFD_SETLK). The sandbox's init holds a read lock of its own (its fd 5) for the
+// sandbox's life, and the agent that runs the sandbox holds another, through the one file description per lease
+// file it keeps for all its sandboxes: thousands of sandboxes cost the agent one fd per 64 ranges, not one each.
+// Init alone is not enough: the kernel closes a dying init's files before it kills the rest of its pid namespace,
+// so the range would come free while the sandbox's other processes still run with its ids. The agent lets its lock
+// go only once init has been reaped, which happens after every other process of the namespace is gone. Whoever
+// leases a range takes a write lock on its byte first, which any other holder's lock refuses.
 #pragma once
 
 #include <sys/types.h>
 
 #include <cstdint>
+#include <map>
+#include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -33,10 +39,39 @@ struct IdRangeOptions {
   std::vector<std::string> subordinate_id_files = {"/etc/subuid", "/etc/subgid"};
 };
 
-// A leased range; the lock lives in lock_fd (and in every copy of that file description).
+// Ranges per lease file (one byte each).
+constexpr uint32_t kRangesPerLeaseFile = 64;
+
+// The open lease files of one allocator and which of their ranges it holds (shared by its holds, which may
+// outlive it).
+class LeaseFiles;
+
+// An agent's hold on one range: a read lock on the range's byte through the allocator's shared file description.
+// Let go by reset() or by going away.
+class IdRangeHold {
+ public:
+  IdRangeHold() = default;
+  IdRangeHold(std::shared_ptr<LeaseFiles> files, uint32_t slot) : files_(std::move(files)), slot_(slot) {}
+  IdRangeHold(IdRangeHold&& other) noexcept : files_(std::move(other.files_)), slot_(other.slot_) {}
+  IdRangeHold& operator=(IdRangeHold&& other) noexcept;
+  IdRangeHold(const IdRangeHold&) = delete;
+  IdRangeHold& operator=(const IdRangeHold&) = delete;
+  ~IdRangeHold() { reset(); }
+  void reset();
+  explicit operator bool() const { return files_ != nullptr; }
+
+ private:
+  std::shared_ptr<LeaseFiles> files_;
+  uint32_t slot_ = 0;
+};
+
+// A leased range: the agent's hold, and (from acquire) a file description of the range's lease file with a read
+// lock of its own on the range, for the sandbox's init to keep (InitProtocol.h, fd 5). The agent closes its copy
+// of init_fd once init has it.
 struct IdRangeLease {
   uint32_t host_base = 0;  // host uid and gid of the sandbox's root
-  UniqueFd lock_fd;
+  IdRangeHold hold;
+  UniqueFd init_fd;
 };
 
 class IdRangeAllocator {
@@ -46,9 +81,10 @@ class IdRangeAllocator {
   Status prepare();
   // A range nobody holds now; kResourceExhausted when all are taken.
   Result<IdRangeLease> acquire();
-  // The lease of the range whose root is host_base, taken back from the sandbox init that holds it (init_pidfd):
-  // a copy of init's locked file description. kNotFound when host_base is not a range of these options (nothing
-  // here hands it out); kConflict when the range is leased by someone other than that init.
+  // The agent's hold on the range whose root is host_base, whose lock the sandbox init (init_pidfd) keeps in its
+  // lease fd; a range init does not hold is taken only if nobody else does. No init_fd. kNotFound when host_base is
+  // not a range of these options (nothing here hands it out); kConflict when the range is leased by someone other
+  // than that init.
   Result<IdRangeLease> adopt(uint32_t host_base, int init_pidfd);
   const IdRangeOptions& options() const { return options_; }
 
@@ -56,6 +92,7 @@ class IdRangeAllocator {
   IdRangeOptions options_;
   std::mutex mu_;
   uint32_t next_ = 0;  // where the next search starts (ranges are reused last)
+  std::shared_ptr<LeaseFiles> files_;
 };
 
 // Writes "0 BASE 65536" to /proc/PID/uid_map and gid_map (PID made a user namespace and waits for them).

@@ -155,8 +155,59 @@ json toJson(const NodeInfo& info) {
         {"cpus", c.cpus}}},
       {"sandboxes", info.sandboxes},
       {"density", info.density ? densityNodeJson(*info.density) : json(nullptr)},
+      {"admission", info.admission ? toJson(*info.admission) : json(nullptr)},
       {"isolation", {{"user_namespaces", info.user_namespaces}, {"warning", stringOrNull(info.isolation_warning)}}},
       {"qos", info.qos ? cpuQosJson(*info.qos) : json(nullptr)}};
+}
+
+json toJson(const AdmissionInfo& a) {
+  const placement::NodeAdmission& s = a.state;
+  return json{{"admitting", s.admitting},
+              {"level", placement::pressureLevelName(a.level)},
+              {"reason", a.reason},
+              {"memory_ratio", s.memory_ratio},
+              {"cpu_ratio", s.cpu_ratio},
+              {"memory_capacity_bytes", s.memory_capacity_bytes},
+              {"memory_committed_bytes", s.memory_committed_bytes},
+              {"cpus", s.cpus},
+              {"cpu_committed", s.cpu_committed},
+              {"free_dedicated_cores", s.free_dedicated_cores},
+              {"free_sandboxes", s.free_sandboxes}};
+}
+
+Result<AdmissionInfo> parseAdmissionJson(const json& j) {
+  if (!j.is_object()) return Error::invalid("admission must be a JSON object");
+  AdmissionInfo a;
+  placement::NodeAdmission& s = a.state;
+  const char* key = "";
+  try {
+    auto get = [&](const char* k, auto* out) {
+      key = k;
+      *out = j.at(k).get<std::remove_pointer_t<decltype(out)>>();
+    };
+    std::string level;
+    get("admitting", &s.admitting);
+    get("level", &level);
+    get("reason", &a.reason);
+    get("memory_ratio", &s.memory_ratio);
+    get("cpu_ratio", &s.cpu_ratio);
+    get("memory_capacity_bytes", &s.memory_capacity_bytes);
+    get("memory_committed_bytes", &s.memory_committed_bytes);
+    get("cpus", &s.cpus);
+    get("cpu_committed", &s.cpu_committed);
+    get("free_dedicated_cores", &s.free_dedicated_cores);
+    get("free_sandboxes", &s.free_sandboxes);
+    key = "level";
+    auto parsed = placement::parsePressureLevel(level);
+    if (!parsed.ok()) return Error::invalid("admission: " + parsed.error().message());
+    a.level = *parsed;
+  } catch (const json::exception& e) {
+    return Error::invalid(std::string("admission: field ") + key + ": " + e.what());
+  }
+  if (!(s.memory_ratio >= 0) || !(s.cpu_ratio >= 0) || !(s.cpus >= 0) || s.memory_capacity_bytes < 0) {
+    return Error::invalid("admission: ratios and capacities must be >= 0");
+  }
+  return a;
 }
 
 json toJson(const backends::fncall::FncallStats& s, const std::string& default_image) {

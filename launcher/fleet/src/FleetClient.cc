@@ -155,35 +155,29 @@ void NodeRegistrar::stop() {
 
 json NodeRegistrar::registration(bool draining) {
   json backends = json::array({dsec::backends::backendKindName(dsec::backends::BackendKind::kContainer)});
+  json admission = nullptr;
+  json sandboxes = nullptr;
   client::CallOptions o;
   o.connect_timeout_ms = 1000;
   o.io_timeout_ms = 2000;
   if (auto r = client::call(options_.endpoint, http::verb::get, "/v1/node", options_.token, "", o);
       r.ok() && r->status == 200) {
     auto info = r->json();
-    if (info.is_object() && info.contains("backends")) backends = info["backends"];
-  }
-  // The node's committed CPUs and memory (its GET /v1/node has no CPU figure), so the gateway places on the
-  // node's books rather than its own guesses, also right after a gateway restart.
-  json committed = nullptr;
-  if (auto r = client::call(options_.endpoint, http::verb::get, "/v1/sandboxes", options_.token, "", o);
-      r.ok() && r->status == 200) {
-    auto list = r->json();
-    if (list.is_object() && list.contains("sandboxes")) {
-      double cpus = 0;
-      int64_t memory = 0, count = 0;
-      for (const auto& s : list["sandboxes"]) {
-        if (s.contains("cpus") && s["cpus"].is_number()) cpus += s["cpus"].get<double>();
-        if (s.contains("memory") && s["memory"].is_number()) memory += s["memory"].get<int64_t>();
-        ++count;
-      }
-      committed = json{{"cpus", cpus}, {"memory_bytes", memory}, {"sandboxes", count}};
+    if (info.is_object()) {
+      if (info.contains("backends")) backends = info["backends"];
+      // What the node admits by, as its own admission computes it: the gateway places with it (no ratio of its
+      // own), so both say yes or no alike.
+      if (info.contains("admission")) admission = info["admission"];
+      if (info.contains("sandboxes")) sandboxes = info["sandboxes"];
     }
   }
-  return json{
-      {"name", options_.name},         {"committed", committed},
-      {"endpoint", options_.endpoint}, {"capacity", {{"cpus", options_.cpus}, {"memory_bytes", options_.memory_bytes}}},
-      {"backends", backends},          {"draining", draining}};
+  return json{{"name", options_.name},
+              {"endpoint", options_.endpoint},
+              {"capacity", {{"cpus", options_.cpus}, {"memory_bytes", options_.memory_bytes}}},
+              {"backends", backends},
+              {"draining", draining},
+              {"admission", admission},
+              {"sandboxes", sandboxes}};
 }
 
 Status NodeRegistrar::registerOnce() {

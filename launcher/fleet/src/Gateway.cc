@@ -7,10 +7,12 @@
 
 #include <cmath>
 #include <future>
+#include <optional>
 
 #include "GatewayInternal.h"
 #include "dsec/common/Logging.h"
 #include "dsec/common/Strings.h"
+#include "dsec/launcher/api/NodeJson.h"
 #include "dsec/launcher/node/NodeName.h"
 
 namespace dsec::launcher {
@@ -52,12 +54,10 @@ Result<FleetNodeSpec> parseNodeSpec(const json& body) {
     }
     if (body.contains("backends")) spec.backends = body["backends"].get<std::vector<std::string>>();
     spec.draining = body.value("draining", false);
-    if (body.contains("committed") && body["committed"].is_object()) {
-      const auto& c = body["committed"];
-      spec.committed_cpus = c.value("cpus", -1.0);
-      spec.committed_memory = c.value("memory_bytes", int64_t{-1});
-      spec.sandboxes = c.value("sandboxes", int64_t{-1});
+    if (body.contains("admission") && !body["admission"].is_null()) {
+      DSEC_ASSIGN_OR_RETURN(spec.admission, parseAdmissionJson(body["admission"]));
     }
+    if (body.contains("sandboxes") && !body["sandboxes"].is_null()) spec.sandboxes = body["sandboxes"].get<int64_t>();
     return spec;
   } catch (const json::exception& e) {
     return Error::invalid(std::string("node registration: ") + e.what());
@@ -72,11 +72,8 @@ std::string nodeOfSandboxId(const std::string& id) {
 
 Gateway::Gateway(GatewayOptions options)
     : options_(std::move(options)),
-      placer_(placement::ClusterPlacerOptions{.k = options_.placement_k,
-                                              .seed = options_.seed,
-                                              .strategy = placement::Strategy::kPowerOfK,
-                                              .cpu_overcommit = options_.cpu_overcommit,
-                                              .memory_overcommit = options_.memory_overcommit}),
+      placer_(placement::ClusterPlacerOptions{
+          .k = options_.placement_k, .seed = options_.seed, .strategy = placement::Strategy::kPowerOfK}),
       started_(monotonicSeconds()) {}
 
 Gateway::~Gateway() { stop(); }
@@ -120,12 +117,7 @@ Status Gateway::registerNode(const FleetNodeSpec& spec, bool from_seed) {
   node.last_seen = monotonicSeconds();
   node.consecutive_failures = 0;
   if (fresh || was_lost || moved || !node.abort_fd) node.abort_fd = newAbortFd();
-  if (spec.committed_cpus >= 0 && spec.committed_memory >= 0 && spec.sandboxes >= 0) {
-    node.reported_cpus = spec.committed_cpus;
-    node.memory_committed = spec.committed_memory;
-    node.sandboxes = spec.sandboxes;
-    (void)placer_.setCommitted(node.id, spec.committed_cpus, spec.committed_memory, spec.sandboxes);
-  }
+  if (spec.admission) noteAdmission(node, *spec.admission, spec.sandboxes >= 0 ? spec.sandboxes : node.sandboxes);
   if (fresh) {
     DSEC_LOG(kInfo, kLog) << "node " << spec.name << " " << (from_seed ? "known from the launch" : "registered")
                           << " at " << spec.endpoint << " (" << spec.cpus << " cpus, " << formatBytes(spec.memory_bytes)
@@ -177,20 +169,28 @@ void Gateway::markSeen(Node& node, const json* info) {
     (void)placer_.setHealthy(node.id, true);
     DSEC_LOG(kInfo, kLog) << "node " << node.spec.name << " answers again";
   }
-  if (info && info->is_object()) {
-    node.sandboxes = info->value("sandboxes", int64_t{0});
-    if (info->contains("capacity"))
-      node.memory_committed = (*info)["capacity"].value("memory_committed_bytes", int64_t{0});
-    // /v1/node reports committed memory but not CPUs: estimate them from what the gateway placed there.
-    double cpus =
-        node.reported_cpus >= 0 ? node.reported_cpus : static_cast<double>(node.sandboxes) * node.cpus_per_sandbox;
-    if (info->contains("capacity") && (*info)["capacity"].contains("cpus_committed")) {
-      cpus = (*info)["capacity"].value("cpus_committed", cpus);
+  if (info == nullptr || !info->is_object()) return;
+  int64_t sandboxes = info->value("sandboxes", node.sandboxes);
+  if (auto it = info->find("admission"); it != info->end() && !it->is_null()) {
+    auto admission = parseAdmissionJson(*it);
+    if (admission.ok()) {
+      noteAdmission(node, *admission, sandboxes);
+    } else {
+      DSEC_LOG(kWarn, kLog) << "node " << node.spec.name << ": " << admission.error().message();
     }
-    (void)placer_.setCommitted(node.id, cpus, node.memory_committed, node.sandboxes);
-    if (info->contains("qos") && (*info)["qos"].is_object()) {
-      node.free_dedicated_cores = (*info)["qos"].value("free_dedicated_cores", -1);  // CPU QoS (docs/qos.md)
-    }
+  } else {
+    node.sandboxes = sandboxes;
+  }
+}
+
+void Gateway::noteAdmission(Node& node, const AdmissionInfo& admission, int64_t sandboxes) {
+  bool was_admitting = !node.admission || node.admission->state.admitting;
+  node.admission = admission;
+  node.sandboxes = sandboxes;
+  (void)placer_.setAdmission(node.id, admission.state, sandboxes, admission.reason);
+  if (was_admitting != admission.state.admitting) {
+    DSEC_LOG(kInfo, kLog) << "node " << node.spec.name
+                          << (admission.state.admitting ? " admits again" : " stopped admitting: " + admission.reason);
   }
 }
 
@@ -281,7 +281,8 @@ json Gateway::nodesJson() {
               {"capacity", {{"cpus", n.spec.cpus}, {"memory_bytes", n.spec.memory_bytes}}},
               {"backends", n.spec.backends},
               {"sandboxes", n.sandboxes},
-              {"memory_committed_bytes", n.memory_committed}};
+              {"memory_committed_bytes", n.admission ? n.admission->state.memory_committed_bytes : 0},
+              {"admission", n.admission ? toJson(*n.admission) : json(nullptr)}};
     if (auto load = placer_.load(n.id); load.ok()) {
       j["in_flight"] = load->in_flight;
       j["utilisation"] = load->utilisation;

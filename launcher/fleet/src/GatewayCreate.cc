@@ -1,7 +1,6 @@
 // The gateway's creates: placed by the ClusterPlacer, tried on the chosen node, and placed again elsewhere while
 // nodes refuse or fail, up to max_place_attempts.
 #include <algorithm>
-#include <cmath>
 
 #include "GatewayInternal.h"
 #include "dsec/backends/BackendKind.h"
@@ -20,30 +19,18 @@ namespace http = boost::beast::http;
 constexpr int kCreateTimeoutMs = 300 * 1000;
 constexpr int kSessionPutTimeoutMs = 10 * 1000;
 
-// What the placer books for a create.
+// What the placer books for a create: the node's admission counts the same limits (0, unlimited, counts nothing;
+// the placer wants a positive CPU figure, and a thousandth of a CPU is nothing next to a node's ratio x CPUs).
 placement::ClusterRequest placementRequest(const CreateParams& params) {
   placement::ClusterRequest request;
-  request.cpus = params.cpus;
-  request.memory_bytes = params.memory_bytes;
+  request.cpus = std::max(params.cpus, 0.001);
+  request.memory_bytes = std::max<int64_t>(params.memory_bytes, 0);
   request.backend = backends::backendKindName(params.backend);
-  if (request.cpus <= 0 || request.memory_bytes <= 0) {  // unlimited: still one slot in the placer's books
-    request.cpus = std::max(request.cpus, 0.001);
-    request.memory_bytes = std::max<int64_t>(request.memory_bytes, 1);
-  }
+  request.latency = params.qos == backends::CpuQos::kLatency;
   return request;
 }
 
 }  // namespace
-
-std::vector<placement::NodeId> Gateway::nodesWithoutDedicatedCores(double cpus) {
-  // A latency sandbox needs ceil(cpus) dedicated cores: skip nodes whose last report had fewer free.
-  std::vector<placement::NodeId> short_of_cores;
-  std::lock_guard lock(mu_);
-  for (const auto& [name, n] : nodes_) {
-    if (n.free_dedicated_cores >= 0 && n.free_dedicated_cores < std::ceil(cpus - 1e-9)) short_of_cores.push_back(n.id);
-  }
-  return short_of_cores;
-}
 
 Result<client::HttpReply> Gateway::createOnNode(const NodeRef& ref, const std::string& body,
                                                 const std::string& session) {
@@ -65,20 +52,23 @@ Result<client::HttpReply> Gateway::createOnNode(const NodeRef& ref, const std::s
 }
 
 std::string Gateway::whyNodeRefused(const NodeRef& ref, const Result<client::HttpReply>& reply) {
-  if (reply.ok()) return "node " + ref.name + " is full";
+  if (reply.ok()) {
+    // The node's own words (its admission names the resource and the numbers).
+    auto body = reply->json();
+    if (body.is_object() && body.contains("error") && body["error"].is_object()) {
+      std::string message = body["error"].value("message", "");
+      if (!message.empty()) return message;
+    }
+    return "node " + ref.name + " is full";
+  }
   DSEC_LOG(kWarn, kLog) << "create on " << ref.name << " failed, placing again: " << reply.error().message();
   watch_cv_.notify_all();  // the watcher probes it now rather than at its next round
   return "node " + ref.name + ": " + reply.error().message();
 }
 
-void Gateway::noteCreated(const std::string& node, double cpus) {
+void Gateway::noteCreated(const std::string& node) {
   std::lock_guard lock(mu_);
-  if (auto it = nodes_.find(node); it != nodes_.end()) {
-    Node& n = it->second;
-    // A running mean of the CPUs per sandbox, for the committed-CPU estimate between probes.
-    n.cpus_per_sandbox = (n.cpus_per_sandbox * 15 + cpus) / 16;
-    n.sandboxes++;
-  }
+  if (auto it = nodes_.find(node); it != nodes_.end()) it->second.sandboxes++;  // until the node's next report
 }
 
 void Gateway::createSandbox(HttpExchange& ex) {
@@ -91,7 +81,6 @@ void Gateway::createSandbox(HttpExchange& ex) {
   if (!params.ok()) return sendError(ex, params.error());
   const placement::ClusterRequest request = placementRequest(*params);
   std::vector<placement::NodeId> exclude;
-  if (params->qos == backends::CpuQos::kLatency) exclude = nodesWithoutDedicatedCores(request.cpus);
   std::string last_refusal;
   for (int attempt = 0; attempt < options_.max_place_attempts; ++attempt) {
     auto ticket = placer_.place(request, exclude);
@@ -116,7 +105,7 @@ void Gateway::createSandbox(HttpExchange& ex) {
       continue;
     }
     placer_.confirm(*ticket, reply->status == 201);
-    if (reply->status == 201) noteCreated(ref->name, request.cpus);
+    if (reply->status == 201) noteCreated(ref->name);
     return relayReply(ex, *reply);
   }
   std::string msg = "no node of fleet " + options_.fleet_name + " can take the sandbox now";

@@ -30,8 +30,6 @@ Status checkConfig(const GatewayProcessConfig& c) {
   if (c.fleet_name.empty()) return Error::invalid("gateway config: fleet_name is empty");
   if (c.token_file.empty()) return Error::invalid("gateway config: token_file is empty");
   if (c.port < 0 || c.port > 65535) return Error::invalid("gateway config: port " + std::to_string(c.port));
-  if (!finitePositive(c.cpu_overcommit)) return Error::invalid("gateway config: cpu_overcommit must be > 0");
-  if (!finitePositive(c.memory_overcommit)) return Error::invalid("gateway config: memory_overcommit must be > 0");
   if (!finitePositive(c.lost_after_seconds)) return Error::invalid("gateway config: lost_after_seconds must be > 0");
   return validateHttpServerOptions(gatewayHttpOptions(c));
 }
@@ -56,8 +54,6 @@ Status writeGatewayConfig(const std::string& path, const GatewayProcessConfig& c
             {"port_file", c.port_file},
             {"address", c.address},
             {"port", c.port},
-            {"cpu_overcommit", c.cpu_overcommit},
-            {"memory_overcommit", c.memory_overcommit},
             {"lost_after_seconds", c.lost_after_seconds},
             {"max_connections", c.http.max_connections},
             {"max_client_connections", c.http.max_client_connections},
@@ -74,6 +70,13 @@ Result<GatewayProcessConfig> readGatewayConfig(const std::string& path) {
   DSEC_ASSIGN_OR_RETURN(std::string text, readPrivateFile(path));
   json j = json::parse(text, nullptr, false);
   if (!j.is_object()) return Error::invalid("gateway config " + path + ": not a JSON object");
+  for (const char* gone : {"cpu_overcommit", "memory_overcommit"}) {
+    if (j.contains(gone)) {
+      return Error::invalid("gateway config " + path + ": " + gone +
+                            " is refused: admission is each node's (its density controller's ratios), the gateway "
+                            "places with what the nodes report");
+    }
+  }
   GatewayProcessConfig c;
   const char* key = "";
   try {
@@ -87,8 +90,6 @@ Result<GatewayProcessConfig> readGatewayConfig(const std::string& path) {
     get("port_file", &c.port_file);
     get("address", &c.address);
     get("port", &c.port);
-    get("cpu_overcommit", &c.cpu_overcommit);
-    get("memory_overcommit", &c.memory_overcommit);
     get("lost_after_seconds", &c.lost_after_seconds);
     get("max_connections", &c.http.max_connections);
     get("max_client_connections", &c.http.max_client_connections);
@@ -114,8 +115,6 @@ int runGatewayProcess(const GatewayProcessConfig& config) {
   GatewayOptions go;
   go.fleet_name = config.fleet_name;
   go.token = trim(*token);
-  go.cpu_overcommit = config.cpu_overcommit;
-  go.memory_overcommit = config.memory_overcommit;
   go.lost_after_seconds = config.lost_after_seconds;
   Gateway gateway(go);
   if (!config.seed_file.empty()) {

@@ -40,15 +40,35 @@ void addFleetFlags(po::options_description& desc, LaunchOptions* o) {
   add("drain-timeout", po::value<double>(&o->drain_timeout)->default_value(o->drain_timeout),
       "seconds a leaving --join node lets its sandboxes finish");
   add("no-mpi", po::bool_switch(&o->no_mpi), "a one-node fleet without MPI");
-  add("cpu-overcommit", po::value<double>(&o->cpu_overcommit)->default_value(o->cpu_overcommit),
-      "the gateway's CPU admission ratio");
-  add("memory-overcommit", po::value<double>(&o->memory_overcommit)->default_value(o->memory_overcommit),
-      "the gateway's memory admission ratio");
   add("lost-after", po::value<double>(&o->lost_after)->default_value(o->lost_after),
       "seconds without a heartbeat before the gateway calls a node lost");
   add("gateway-only", po::bool_switch(&o->gateway_only), "run as the gateway process (started by rank 0)");
   add("gateway-config", po::value<std::string>(&o->gateway_config),
       "the gateway process's settings (written by rank 0)");
+}
+
+// Flags that are refused with a reason rather than an "unrecognised option": the gateway once had static
+// admission ratios of its own. Admission is each node's (its density controller's live ratios), and a ratio a
+// caller asks for is enforced or refused, never dropped.
+constexpr const char* kGoneFlags[] = {"cpu-overcommit", "memory-overcommit"};
+
+po::options_description goneFlags() {
+  po::options_description gone("refused");
+  for (const char* flag : kGoneFlags) gone.add_options()(flag, po::value<std::string>());
+  return gone;
+}
+
+Status refuseGoneFlags(const po::variables_map& vm) {
+  for (const char* flag : kGoneFlags) {
+    if (vm.count(flag) == 0) continue;
+    std::string resource = std::string(flag) == "cpu-overcommit" ? "cpu" : "memory";
+    return Error::invalid("--" + std::string(flag) +
+                          " is refused: the gateway has no admission ratio of its own; admission is each node's, "
+                          "by its density controller's live ratios (set --" +
+                          resource + "-ratio-start, --" + resource + "-ratio-min and --" + resource +
+                          "-ratio-max for the nodes, or --overcommit off; docs/density.md)");
+  }
+  return okStatus();
 }
 
 po::options_description launchDescription(LaunchOptions* o, NodeOptionTable* table) {
@@ -66,9 +86,6 @@ Status checkFleetFlags(const LaunchOptions& o) {
   if (o.node_port < 0 || o.node_port > 65535) return bad("node-port", "wants 0..65535");
   if (o.port < 0 || o.port > 65535) return bad("port", "wants 0..65535");
   if (!std::isfinite(o.drain_timeout) || o.drain_timeout < 0) return bad("drain-timeout", "must be >= 0 seconds");
-  if (!std::isfinite(o.cpu_overcommit) || o.cpu_overcommit < 0.01) return bad("cpu-overcommit", "must be >= 0.01");
-  if (!std::isfinite(o.memory_overcommit) || o.memory_overcommit < 0.01)
-    return bad("memory-overcommit", "must be >= 0.01");
   if (!std::isfinite(o.lost_after) || o.lost_after < 0.5) return bad("lost-after", "must be >= 0.5 seconds");
   if (o.gateway_only && o.gateway_config.empty()) return Error::invalid("--gateway-only wants --gateway-config FILE");
   return okStatus();
@@ -95,9 +112,11 @@ Result<LaunchOptions> parseLaunchOptions(const std::vector<std::string>& args) {
   LaunchOptions o = launchDefaults();
   NodeOptionTable table(&o.serve, kLaunchParts);
   po::options_description desc = launchDescription(&o, &table);
+  po::options_description parsed;
+  parsed.add(desc).add(goneFlags());  // recognised only to be refused with the reason; not in --help
   po::variables_map vm;
   try {
-    po::store(po::command_line_parser(args).options(desc).run(), vm);
+    po::store(po::command_line_parser(args).options(parsed).run(), vm);
     if (vm.count("help") != 0) {
       o.help = true;
       return o;
@@ -106,6 +125,7 @@ Result<LaunchOptions> parseLaunchOptions(const std::vector<std::string>& args) {
   } catch (const po::error& e) {
     return Error::invalid(e.what());
   }
+  DSEC_TRY(refuseGoneFlags(vm));
   DSEC_TRY(resolveFleetName(vm, &o));
   DSEC_TRY(table.apply(vm));
   DSEC_TRY(checkFleetFlags(o));

@@ -97,14 +97,28 @@ void DensityLoop::run() {
   }
 }
 
-Result<DensityLoop::Ticket> DensityLoop::admit(const CreateParams& params) {
-  placement::AdmissionState st;
+placement::NodeAdmission DensityLoop::admissionLocked() const {
+  placement::NodeAdmission state;
+  state.admitting = decision_.admitting;
+  state.memory_ratio = decision_.memory_ratio;
+  state.cpu_ratio = decision_.cpu_ratio;
+  state.memory_capacity_bytes = capacity_;
+  state.memory_committed_bytes = committed_memory_ + pending_memory_;
+  state.cpus = cpus_;
+  state.cpu_committed = committed_cpus_ + pending_cpus_;
+  return state;  // dedicated cores and sandbox slots are the agent's books (NodeAgent::nodeInfo fills them)
+}
+
+AdmissionInfo DensityLoop::admissionInfo() {
   std::lock_guard lock(mu_);
-  st.memory_capacity_bytes = capacity_;
-  st.cpu_capacity = cpus_;
-  st.memory_committed_bytes = committed_memory_ + pending_memory_;
-  st.cpu_committed = committed_cpus_ + pending_cpus_;
-  std::string why = placement::checkAdmission(decision_, st, {params.memory_bytes, params.cpus});
+  return AdmissionInfo{admissionLocked(), decision_.level, decision_.reason};
+}
+
+Result<DensityLoop::Ticket> DensityLoop::admit(const CreateParams& params) {
+  std::lock_guard lock(mu_);
+  // The rule the gateway places with (placement/Admission.h), on the node's own books: the final word.
+  placement::AdmissionRequest request{params.memory_bytes, params.cpus, params.qos == backends::CpuQos::kLatency};
+  std::string why = placement::checkAdmission(admissionLocked(), request, decision_.reason);
   if (!why.empty()) {
     ++refusals_total_;
     return Error(ErrorCode::kResourceExhausted, "node " + host_->nodeName() + " cannot admit it: " + why);

@@ -89,6 +89,8 @@ Result<std::unique_ptr<NodeAgent>> NodeAgent::start(const NodeOptions& options, 
 
 Result<std::unique_ptr<NodeAgent>> NodeAgent::start(const NodeOptions& options, Metrics* metrics, NodeParts parts) {
   if (!parts.images || !parts.state) return Error::invalid("a node needs an image source and a state store");
+  // Thousands of sandboxes need more fds than a login shell's default; what cannot be raised is checked per create.
+  for (const auto& note : raiseProcessLimits().notes) DSEC_LOG(kInfo, kLog) << note;
   std::unique_ptr<NodeAgent> agent(new NodeAgent(options, metrics, std::move(parts)));
   agent->node_memory_bytes_ = options.memory_capacity_bytes > 0 ? options.memory_capacity_bytes : physicalMemory();
   if (auto st = agent->state_->prepare(); !st.ok()) return st.error();
@@ -240,12 +242,22 @@ backends::SandboxSpec NodeAgent::sandboxSpec(const SandboxRecord& rec, const Cpu
 
 Status NodeAgent::reserveCreateSlot() {
   if (!backend_ || !unavailable_reason_.empty()) return Error(ErrorCode::kUnsupported, unavailable_reason_);
-  std::lock_guard lock(mu_);
-  if (static_cast<int64_t>(sandboxes_.size()) + pending_creates_ >= options_.max_sandboxes) {
-    return Error(ErrorCode::kResourceExhausted,
-                 "node " + options_.node_name + " is full (" + std::to_string(options_.max_sandboxes) + " sandboxes)");
+  int64_t held = 0;
+  {
+    std::lock_guard lock(mu_);
+    held = static_cast<int64_t>(sandboxes_.size()) + pending_creates_;
+    if (held >= options_.max_sandboxes) {
+      return Error(ErrorCode::kResourceExhausted, "node " + options_.node_name + " is full (" +
+                                                      std::to_string(options_.max_sandboxes) + " sandboxes)");
+    }
+    ++pending_creates_;
   }
-  ++pending_creates_;
+  if (!backend_runs_processes_) return okStatus();
+  Status room = room_.check(held);
+  if (!room.ok()) {
+    releaseCreateSlot();
+    return room.error().wrap("node " + options_.node_name + " cannot take another sandbox");
+  }
   return okStatus();
 }
 
@@ -267,8 +279,9 @@ Status NodeAgent::startSandbox(SandboxRecord& rec, const CpuReservation& cores) 
 
   auto sandbox = backend_->create(sandboxSpec(rec, cores));
   if (!sandbox.ok()) {
-    DSEC_LOG(kWarn, kLog) << "create " << rec.id << " failed: " << sandbox.error().toString();
-    return sandbox.error().wrap("creating sandbox " + rec.id);
+    Error e = explainLimitError(sandbox.error(), static_cast<int64_t>(sandboxCount()));
+    DSEC_LOG(kWarn, kLog) << "create " << rec.id << " failed: " << e.toString();
+    return e.wrap("creating sandbox " + rec.id);
   }
   rec.sandbox = std::move(*sandbox);
   if (auto st = persist(rec); !st.ok()) {
@@ -526,11 +539,12 @@ NodeInfo NodeAgent::nodeInfo() {
   for (auto kind : {backends::BackendKind::kMicrovm, backends::BackendKind::kVm}) {
     info.unavailable_backends[kind] = "not available on this node yet";
   }
-  int64_t committed = 0;
+  int64_t committed = 0, free_slots = 0;
   {
     std::lock_guard lock(mu_);
     info.sandboxes = sandboxes_.size();
     for (const auto& [id, rec] : sandboxes_) committed += rec->params.memory_bytes;
+    free_slots = options_.max_sandboxes - static_cast<int64_t>(sandboxes_.size()) - pending_creates_;
   }
   info.capacity.max_sandboxes = options_.max_sandboxes;
   info.capacity.free_sandboxes = std::max<int64_t>(0, options_.max_sandboxes - static_cast<int64_t>(info.sandboxes));
@@ -543,6 +557,13 @@ NodeInfo NodeAgent::nodeInfo() {
     info.isolation_warning = "user namespaces are off (operator opt-out): sandbox root is host root";
   }
   if (cpu_) info.qos = cpu_->nodeInfo();
+  if (density_) {
+    // Everything a create is admitted by (reserveCreateSlot, the density loop, the CPU QoS books), in one place.
+    info.admission = density_->admissionInfo();
+    info.admission->state.free_sandboxes = std::max<int64_t>(0, free_slots);
+    info.admission->state.free_dedicated_cores =
+        info.qos ? (info.qos->enabled ? info.qos->free_dedicated_cores : 0) : -1;
+  }
   addFncallInfo(&info);
   return info;
 }

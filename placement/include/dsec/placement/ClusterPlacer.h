@@ -1,8 +1,11 @@
 // Fleet placement as DSec's gateway does it, and a little better: filter healthy, non-draining nodes that run
-// the backend and have room (committed + in-flight + request <= capacity * overcommit), sample k of them at
-// random, take the least loaded (the larger of its committed CPU and memory fractions), and count the request
-// in flight on that node until the node answers confirm(). The node makes the final admission; on a reject
-// the caller places again, excluding the nodes that refused.
+// the backend and admit the request by their own admission state (placement/Admission.h: the node's reported
+// ratios, committed resources, pressure, free dedicated cores and slots, plus the requests placed there and not
+// yet answered), sample k of them at random, take the least loaded (the larger of its committed memory and CPU
+// fractions of ratio x capacity; fewer sandboxes on a tie), and count the request in flight on that node until
+// the node answers confirm(). The node makes the final admission; on a reject the caller places again,
+// excluding the nodes that refused. A node that has not reported its admission state yet is left to decide
+// alone (its own 429 sends the request elsewhere).
 //
 // Built for the gateway's hot path: a decision is a few random draws and comparisons under one uncontended
 // mutex (millions per second on one core); the exhaustive scan happens only when sampling finds nothing,
@@ -11,12 +14,14 @@
 
 #include <cstdint>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
 
 #include "dsec/common/Result.h"
+#include "dsec/placement/Admission.h"
 #include "dsec/placement/NodeModel.h"
 
 namespace dsec::placement {
@@ -34,17 +39,14 @@ struct ClusterPlacerOptions {
   int k = 2;
   uint64_t seed = 0;  // 0 = from the clock
   Strategy strategy = Strategy::kPowerOfK;
-  // Defaults for nodes that do not set their own.
-  double cpu_overcommit = 1.0;
-  double memory_overcommit = 1.0;
 };
 
 struct NodeInfo {
   std::string name;
-  NodeSummary capacity;  // from the node's NodeModel: pus and memory_bytes are used
+  NodeSummary capacity;  // physical (pus, memory_bytes): utilisation is reported against it
   std::vector<std::string> backends = {"container"};
-  double cpu_overcommit = 0;  // 0 = the placer's default
-  double memory_overcommit = 0;
+  // What the node admits by, as it reports it; nullopt keeps what is known (at first: nothing, the node decides).
+  std::optional<NodeAdmission> admission;
   bool healthy = true;
   bool draining = false;
 };
@@ -53,6 +55,7 @@ struct ClusterRequest {
   double cpus = 1;
   int64_t memory_bytes = 0;
   std::string_view backend = "container";  // "" = any
+  bool latency = false;                    // qos latency: needs dedicated cores
 };
 
 // What a decision hands out: the node, and the request as counted in flight there. confirm() takes it back.
@@ -60,6 +63,7 @@ struct Ticket {
   NodeId node = -1;
   int64_t milli_cpus = 0;
   int64_t memory_bytes = 0;
+  int64_t dedicated_cores = 0;  // latency requests
 };
 
 struct NodeLoad {
@@ -76,6 +80,9 @@ struct NodeLoad {
   int64_t sandboxes = 0;
   // Committed (and in flight) against physical capacity, the larger of CPU and memory.
   double utilisation = 0;
+  bool admission_known = false;  // the node reported its admission state
+  NodeAdmission admission;       // as reported, plus what was confirmed since (in flight not included)
+  std::string closed_reason;     // what holds its admission closed, as it said
 };
 
 class ClusterPlacer {
@@ -95,11 +102,12 @@ class ClusterPlacer {
   // A sandbox on the node went away (destroyed, reclaimed at TTL).
   void release(NodeId node, double cpus, int64_t memory_bytes);
 
-  // The watcher's view: health, draining, and the node's own books (which win over ours).
+  // The watcher's view: health, draining, and the node's own admission state and sandbox count (a heartbeat or
+  // probe), which replace ours; requests still in flight keep counting on top of it.
   Status setHealthy(NodeId node, bool healthy);
   Status setDraining(NodeId node, bool draining);
-  Status setCommitted(NodeId node, double cpus, int64_t memory_bytes, int64_t sandboxes);
-  Status setOvercommit(NodeId node, double cpu_ratio, double memory_ratio);
+  Status setAdmission(NodeId node, const NodeAdmission& admission, int64_t sandboxes,
+                      std::string_view closed_reason = "");
 
   Result<NodeLoad> load(NodeId node) const;
   std::vector<NodeLoad> loads() const;
@@ -113,24 +121,23 @@ class ClusterPlacer {
     bool draining = false;
     int64_t cap_milli = 0;  // physical
     int64_t cap_memory = 0;
-    int64_t limit_milli = 0;   // physical * overcommit
-    int64_t limit_memory = 0;  // 0 = memory not checked (unknown)
-    double inv_limit_milli = 0;
-    double inv_limit_memory = 0;
-    double cpu_ratio = 0;  // as set on the node (0 = default)
-    double memory_ratio = 0;
-    int64_t used_milli = 0;  // committed + in flight
-    int64_t used_memory = 0;
+    // The node's admission state as last reported, plus creates confirmed since (its next report replaces
+    // them). Unknown until the first report: capacities 0 and -1 check nothing, so the node decides alone.
+    bool known = false;
+    NodeAdmission admission;
+    std::string closed_reason;
+    int64_t sandboxes = 0;
+    // Tickets: creates sent to the node and not answered yet.
     int64_t in_flight_milli = 0;
     int64_t in_flight_memory = 0;
+    int64_t in_flight_cores = 0;
     int64_t in_flight = 0;
-    int64_t sandboxes = 0;
   };
+  // The node's admission state with its tickets in flight counted.
+  static NodeAdmission withInFlight(const Node& node);
   uint64_t backendBit(std::string_view backend);  // registers new names
   bool lookupBackend(std::string_view backend, uint64_t& bit) const;
-  void recomputeLimits(Node& node);
-  bool fits(const Node& node, uint64_t backend_bit, int64_t milli, int64_t memory) const;
-  double score(const Node& node, int64_t milli, int64_t memory) const;
+  bool fits(const Node& node, uint64_t backend_bit, const AdmissionRequest& request) const;
   uint64_t nextRandom();
   uint32_t randomBelow(uint32_t bound);
   Error nothingFits(const ClusterRequest& request, uint64_t backend_bit, const std::vector<NodeId>& exclude) const;

@@ -6,13 +6,16 @@
 //   level 3 "pause":    pause the lowest-priority idle sandboxes (batch before latency, longest idle first).
 // As pressure falls it releases in reverse: density-paused sandboxes are resumed (last paused first), then
 // admission reopens. Paused sandboxes also resume on their next request. It never destroys a sandbox.
-// Nothing here touches the system: the node agent's DensityLoop samples and executes.
+// Nothing here touches the system: the node agent's DensityLoop samples and executes. Admission against the ratios
+// is placement/Admission.h, the one rule the node and the fleet gateway share.
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
+
+#include "dsec/common/Result.h"
 
 namespace dsec::placement {
 
@@ -101,6 +104,7 @@ struct DensityAction {
 
 enum class PressureLevel { kCalm = 0, kReclaim = 1, kStopAdmitting = 2, kPause = 3 };
 const char* pressureLevelName(PressureLevel level);
+Result<PressureLevel> parsePressureLevel(const std::string& name);
 
 struct DensityDecision {
   double memory_ratio = 1;
@@ -110,20 +114,6 @@ struct DensityDecision {
   std::string reason;  // what holds the level above calm ("" when calm)
   std::vector<DensityAction> actions;
 };
-
-// Admission of one create against the current decision (pure; the agent calls it under its lock).
-struct AdmissionRequest {
-  int64_t memory_bytes = 0;
-  double cpus = 0;
-};
-struct AdmissionState {
-  int64_t memory_capacity_bytes = 0;
-  int64_t memory_committed_bytes = 0;  // including creates in flight
-  double cpu_capacity = 0;
-  double cpu_committed = 0;
-};
-// "" when admitted, else why not (naming the resource, the numbers and the ratio).
-std::string checkAdmission(const DensityDecision& decision, const AdmissionState& state, const AdmissionRequest& req);
 
 class DensityController {
  public:

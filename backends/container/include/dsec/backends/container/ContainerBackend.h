@@ -29,6 +29,9 @@ struct ContainerBackendOptions {
   std::string cgroup_parent = "dsec";      // cgroups live under <controller>/dsec/<id>
   int64_t default_disk_bytes = 1LL << 30;  // upper size when the spec gives none
   int init_pool_size = 4;                  // sandbox inits started ahead of time (network "none"; 0 = none)
+  // Sandboxes whose cgroup files stay open for their next command (JoinFdCache.h): the most recently used. On
+  // cgroup v1 each costs the agent up to one fd per controller; an idle sandbox beyond them costs one fd.
+  int join_fd_cache_sandboxes = 256;
   // CPU QoS (docs/qos.md): batch sandboxes run every process under SCHED_IDLE in a cgroup with cpu.idle and a low
   // weight; latency ones at normal priority. A spec's cpuset is applied either way. false: every sandbox is plain.
   bool cpu_qos = true;

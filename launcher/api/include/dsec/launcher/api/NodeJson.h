@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "dsec/common/Result.h"
 #include "dsec/launcher/node/Infos.h"
 #include "dsec/launcher/node/NodeFncall.h"
 
@@ -16,6 +17,10 @@ nlohmann::json toJson(const SandboxInfo& info);
 nlohmann::json sandboxListJson(const std::vector<SandboxInfo>& infos);
 // GET /v1/node as the core sees it; the API server adds its own parts (output budget, HTTP, fncall stats).
 nlohmann::json toJson(const NodeInfo& info);
+// "admission" of GET /v1/node and of a fleet node's registration: what the node admits by (placement/Admission.h).
+nlohmann::json toJson(const AdmissionInfo& admission);
+// Its inverse, for the gateway: a missing or malformed field is an error naming it.
+Result<AdmissionInfo> parseAdmissionJson(const nlohmann::json& j);
 // The fncall service's report ("fncall" of GET /v1/node), with the image a call that names none runs on.
 nlohmann::json toJson(const backends::fncall::FncallStats& stats, const std::string& default_image);
 nlohmann::json fncallJson(NodeFncall& fncall);

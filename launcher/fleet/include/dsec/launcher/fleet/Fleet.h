@@ -33,8 +33,9 @@ Status forward(HttpExchange& ex, const std::string& endpoint, const std::string&
                std::optional<client::HttpReply>* held_back = nullptr);
 
 // A node's registration with the gateway: POST /v1/fleet/nodes every `interval` seconds with its name,
-// endpoint, capacity and backends (from its own GET /v1/node), so a restarted gateway relearns the fleet
-// within one interval. drain() tells the gateway to place nothing more here and waits until the node's
+// endpoint, capacity, and from its own GET /v1/node its backends, sandbox count and admission state (what its
+// density controller admits by), so the gateway places as the node admits and a restarted gateway relearns the
+// fleet within one interval. drain() tells the gateway to place nothing more here and waits until the node's
 // sandboxes are gone (or the timeout), then deregisters.
 struct RegistrarOptions {
   std::string gateway;   // gateway endpoint

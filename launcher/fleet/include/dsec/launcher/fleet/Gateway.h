@@ -2,8 +2,9 @@
 // every node of the fleet. It holds no sandbox state of its own, so it can be restarted at any time:
 //  - nodes register (POST /v1/fleet/nodes) on start and every second; a watcher probes each node's
 //    GET /v1/node every probe interval and marks a node that has not answered for `lost_after` seconds lost;
-//  - creates are placed with the power-of-k ClusterPlacer (healthy, non-draining, backend, room; in-flight
-//    counted) and forwarded; a node's 429 or a connection failure places again elsewhere;
+//  - creates are placed with the power-of-k ClusterPlacer (healthy, non-draining, backend, and admitted by the
+//    node's own reported admission state with the gateway's creates in flight counted: placement/Admission.h)
+//    and forwarded; a node's 429 or a connection failure places again elsewhere;
 //  - a sandbox id is "<node>-<hex>": every request naming one goes to that node in one hop, bodies streamed;
 //    a lost node's sandboxes get an immediate 503 that says so;
 //  - listings and session requests fan out to every node and are merged.
@@ -25,6 +26,7 @@
 #include "dsec/launcher/api/HttpServer.h"
 #include "dsec/launcher/api/Router.h"
 #include "dsec/launcher/fleet/Fleet.h"
+#include "dsec/launcher/node/Infos.h"
 #include "dsec/placement/ClusterPlacer.h"
 
 namespace dsec::launcher {
@@ -43,8 +45,6 @@ struct GatewayOptions {
   int max_place_attempts = 3;
   int placement_k = 2;
   uint64_t seed = 0;
-  double cpu_overcommit = 8.0;  // rollout sandboxes are mostly idle
-  double memory_overcommit = 1.0;
   // Keep-alive connections to the nodes for creates, probes and fan-out (false: one connection per call, as
   // before the pool; `dsec bench gateway --no-pool` compares).
   bool pool_connections = true;
@@ -60,12 +60,12 @@ struct FleetNodeSpec {
   int64_t memory_bytes = 0;
   std::vector<std::string> backends = {dsec::backends::backendKindName(dsec::backends::BackendKind::kContainer)};
   bool draining = false;
-  // The node's books as it reports them with each registration (-1: not reported).
-  double committed_cpus = -1;
-  int64_t committed_memory = -1;
+  // What the node admits by and its sandbox count, from its GET /v1/node (nullopt / -1: not reported).
+  std::optional<AdmissionInfo> admission;
   int64_t sandboxes = -1;
 };
-// Parses a registration body ({"name","endpoint","capacity":{"cpus","memory_bytes"},"backends","draining"}).
+// Parses a registration body ({"name","endpoint","capacity":{"cpus","memory_bytes"},"backends","draining",
+// "admission","sandboxes"}); a malformed admission object is refused naming the field.
 Result<FleetNodeSpec> parseNodeSpec(const nlohmann::json& body);
 // The node a sandbox id names ("n2-3fa9..." -> "n2"), "" when the id has no node prefix.
 std::string nodeOfSandboxId(const std::string& id);
@@ -99,11 +99,8 @@ class Gateway : public RequestHandler {
     NodeState state = NodeState::kHealthy;
     bool operator_drain = false;
     double last_seen = 0;  // monotonic
-    double cpus_per_sandbox = 1.0;
-    double reported_cpus = -1;  // committed CPUs from the last registration
     int64_t sandboxes = 0;
-    int64_t memory_committed = 0;
-    int free_dedicated_cores = -1;  // for latency sandboxes, from /v1/node "qos" (-1 = not reported)
+    std::optional<AdmissionInfo> admission;  // as the node last reported it (placement has it too, with tickets)
     int consecutive_failures = 0;
     std::shared_ptr<UniqueFd> abort_fd;  // eventfd, written when the node is declared lost
   };
@@ -116,6 +113,8 @@ class Gateway : public RequestHandler {
 
   void watchLoop();
   void markSeen(Node& node, const nlohmann::json* info);
+  // The node's report (registration or probe): its admission state and sandbox count replace the placer's books.
+  void noteAdmission(Node& node, const AdmissionInfo& admission, int64_t sandboxes);
   void markLost(Node& node, const std::string& why);
   std::optional<NodeRef> nodeRef(const std::string& name);
   std::vector<NodeRef> liveNodes();
@@ -128,13 +127,12 @@ class Gateway : public RequestHandler {
   void handleFleet(HttpExchange& ex, const TableMatch& m);
   void createSandbox(HttpExchange& ex);
   // The steps of a create (GatewayCreate.cc).
-  std::vector<placement::NodeId> nodesWithoutDedicatedCores(double cpus);
   // POST /v1/sandboxes on the node; a 404 for a session the node has not heard of creates the session there
   // and tries once more.
   Result<client::HttpReply> createOnNode(const NodeRef& ref, const std::string& body, const std::string& session);
   // Why a failed or full node is passed over, for the 429 if no node takes the sandbox.
   std::string whyNodeRefused(const NodeRef& ref, const Result<client::HttpReply>& reply);
-  void noteCreated(const std::string& node, double cpus);
+  void noteCreated(const std::string& node);
   void forwardToSandbox(HttpExchange& ex, const std::string& sandbox_id);
   void listSandboxes(HttpExchange& ex);
   void handleSessions(HttpExchange& ex, const std::vector<std::string>& segs);

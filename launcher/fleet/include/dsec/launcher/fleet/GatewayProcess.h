@@ -21,9 +21,8 @@ struct GatewayProcessConfig {
   std::string port_file;   // where the gateway writes its port once it serves ("" : nowhere)
   std::string address;     // listen address ("" : 0.0.0.0)
   int port = 0;            // 0: a free one (the supervisor keeps it across restarts)
-  // Admission (GatewayOptions).
-  double cpu_overcommit = 8.0;
-  double memory_overcommit = 1.0;
+  // Node liveness (GatewayOptions). There is no admission setting: the nodes admit, the gateway places with
+  // what they report.
   double lost_after_seconds = 3.0;
   // The HTTP edge: the nodes' own settings. Its listen address is address:port above (`http.listen` is unused).
   HttpServerOptions http;
@@ -35,7 +34,7 @@ struct GatewayProcessConfig {
 HttpServerOptions gatewayHttpOptions(const GatewayProcessConfig& config);
 
 // Writes the config as JSON, atomically, mode 0600. readGatewayConfig refuses a missing file, bad JSON, a field
-// of the wrong type and bad values, naming the field.
+// of the wrong type, bad values and the admission ratios a gateway once had, naming the field.
 Status writeGatewayConfig(const std::string& path, const GatewayProcessConfig& config);
 Result<GatewayProcessConfig> readGatewayConfig(const std::string& path);
 

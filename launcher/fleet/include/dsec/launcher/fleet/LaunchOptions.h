@@ -23,9 +23,7 @@ struct LaunchOptions {
   std::string join;
   double drain_timeout = 30;
   bool no_mpi = false;
-  // The gateway's admission and node liveness (GatewayOptions).
-  double cpu_overcommit = 8.0;
-  double memory_overcommit = 1.0;
+  // Node liveness at the gateway (GatewayOptions). Admission is each node's own (docs/fleet.md, Placement).
   double lost_after = 3.0;
   // The gateway process: every setting is in --gateway-config FILE (written by rank 0).
   bool gateway_only = false;

@@ -1,9 +1,9 @@
 // The node agent's density loop (docs/density.md): every interval it samples the node (memory in use, PSI,
 // the sandboxes' parent cgroup, each sandbox's idleness and usage), feeds placement::DensityController and
 // executes its actions through the backend (reclaim, pause with paused_by "density", resume). It also
-// answers admission for creates (committed memory and CPUs against capacity x the controller's ratios) and
-// makes all of it visible: each sandbox's SandboxDensity (actions and events, OOM kills), the node's
-// DensityNodeInfo (Infos.h) and /metrics (dsec_density_*).
+// answers admission for creates (placement/Admission.h: committed memory and CPUs against capacity x the
+// controller's ratios, and pressure) and makes all of it visible: each sandbox's SandboxDensity (actions and
+// events, OOM kills), the node's DensityNodeInfo and AdmissionInfo (Infos.h) and /metrics (dsec_density_*).
 #pragma once
 
 #include <condition_variable>
@@ -20,6 +20,7 @@
 #include "dsec/common/Pressure.h"
 #include "dsec/common/Result.h"
 #include "dsec/launcher/node/Infos.h"
+#include "dsec/placement/Admission.h"
 #include "dsec/placement/DensityController.h"
 
 namespace dsec::launcher {
@@ -72,8 +73,11 @@ class DensityLoop {
   void start();  // one tick at once, then the thread
   void stop();   // idempotent
 
-  // kResourceExhausted (429 capacity) naming why, or a ticket.
+  // kResourceExhausted (429 capacity) naming why, or a ticket. The rule is placement/Admission.h's.
   Result<Ticket> admit(const CreateParams& params);
+  // What admit() judges by now (committed including creates in flight), with the pressure level and its reason:
+  // GET /v1/node "admission", which the gateway places with.
+  AdmissionInfo admissionInfo();
   // What the loop did to a sandbox and saw in it.
   SandboxDensity sandboxDensity(const std::string& id);
   void forget(const std::string& id);
@@ -96,6 +100,7 @@ class DensityLoop {
     std::deque<SandboxEvent> events;
   };
   void run();
+  placement::NodeAdmission admissionLocked() const;  // mu_ held
   // The node's memory, CPU and pressure (tick's first half); `committed` fields are filled by the caller.
   void sampleNode(double now, placement::NodeSample* sample, std::string* memory_psi_source);
   // The sandboxes' idleness and state; usage of a round-robin share of them into `fresh` (id -> memory, kills).

@@ -13,6 +13,7 @@
 #include "dsec/launcher/node/CreateParams.h"
 #include "dsec/launcher/node/Sessions.h"
 #include "dsec/launcher/node/StateRecord.h"
+#include "dsec/placement/Admission.h"
 #include "dsec/placement/DensityController.h"
 
 namespace dsec::launcher {
@@ -112,6 +113,14 @@ struct CpuQosNodeInfo {
   int batch_sandboxes = 0;
 };
 
+// What the node admits by (placement/Admission.h): its density controller's ratios and books, pressure, free
+// dedicated cores and sandbox slots. GET /v1/node "admission"; the gateway places with it (docs/fleet.md).
+struct AdmissionInfo {
+  placement::NodeAdmission state;
+  placement::PressureLevel level = placement::PressureLevel::kCalm;
+  std::string reason;  // what holds the level above calm ("" when calm)
+};
+
 struct NodeCapacity {
   int64_t max_sandboxes = 0;
   int64_t free_sandboxes = 0;
@@ -128,6 +137,7 @@ struct NodeInfo {
   NodeCapacity capacity;
   size_t sandboxes = 0;
   std::optional<DensityNodeInfo> density;
+  std::optional<AdmissionInfo> admission;
   bool user_namespaces = true;
   std::string isolation_warning;  // "" when sandboxes are isolated as usual
   std::optional<CpuQosNodeInfo> qos;

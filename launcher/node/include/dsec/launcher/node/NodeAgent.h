@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "dsec/backends/Sandbox.h"
+#include "dsec/common/ProcessLimits.h"
 #include "dsec/common/Result.h"
 #include "dsec/fs3/LayerMounter.h"
 #include "dsec/launcher/node/CreateParams.h"
@@ -189,7 +190,8 @@ class NodeAgent : private DensityHost {
   bool ownedByThisJob(const std::string& slurm_job) const;
   std::shared_ptr<SandboxRecord> find(const std::string& id);
   Status persist(SandboxRecord& record);
-  // The steps of a create (NodeAgent.cc). A slot counts the create against max_sandboxes while it runs.
+  // The steps of a create (NodeAgent.cc). A slot counts the create against max_sandboxes while it runs; it is
+  // refused naming the limit when the agent's open files or the host's pids have no room for another sandbox.
   Status reserveCreateSlot();
   void releaseCreateSlot();
   Status checkCreatable(const CreateParams& params);  // its session may take a sandbox, its image is here
@@ -218,6 +220,11 @@ class NodeAgent : private DensityHost {
   std::string fncall_unavailable_;
   std::unique_ptr<DensityLoop> density_;
   std::unique_ptr<CpuAllocator> cpu_;  // CPU QoS: dedicated cores of latency sandboxes (CpuAllocator.h)
+
+  // The limits the agent cannot raise (ProcessLimits.h): one fd per idle container sandbox (its init's pidfd,
+  // ContainerSandbox.h) plus 4096 for connections, commands in flight and the cgroup files kept for recent
+  // commands; 512 pids left to the rest of the host.
+  SandboxRoom room_{1, 4096, 512};
 
   std::mutex mu_;
   std::map<std::string, std::shared_ptr<SandboxRecord>> sandboxes_;
