@@ -1,5 +1,6 @@
 // Node restarts: sandboxes outlive the agent and are re-adopted; what cannot be adopted is reaped.
 #include <signal.h>
+#include <unistd.h>
 
 #include <thread>
 
@@ -213,6 +214,47 @@ TEST_F(JobOwnershipTest, TheEpilogCleanUpLeavesNothingOfTheJob) {
   EXPECT_EQ(again->directories, 0);
   ASSERT_TRUE(startNode(jobOptions("402")));
   EXPECT_EQ(client_->get("/v1/sandboxes").json()["sandboxes"].size(), 0u);
+}
+
+// The epilog runs as root and destroys what a claim names: a claim file some other user could have written (or a
+// symbolic link to one) is refused with a note, and what it names keeps running.
+TEST_F(JobOwnershipTest, AClaimAnotherUserCouldHaveWrittenIsNotActedOn) {
+  ASSERT_TRUE(startNode(jobOptions("451")));
+  SKIP_WITHOUT_BACKEND();
+  std::string id = createSandbox();
+  ASSERT_FALSE(id.empty());
+  pid_t init = initOf(id);
+  node_->stop(false);
+  node_.reset();
+  std::string host = launcher::currentHostName();
+  auto claims = listDirectory(registry_.path() + "/451");
+  ASSERT_OK(claims);
+  ASSERT_EQ(claims->size(), 1u);
+  std::string claim = registry_.path() + "/451/" + (*claims)[0].name;
+
+  ASSERT_EQ(::chown(claim.c_str(), 65534, 65534), 0);
+  auto foreign = launcher::cleanUpSlurmJob(registry_.path(), "451", host);
+  ASSERT_OK(foreign);
+  EXPECT_EQ(foreign->sandboxes, 0) << "a claim owned by another user was acted on";
+  ASSERT_EQ(foreign->notes.size(), 1u);
+  EXPECT_FALSE(dead(init));
+
+  std::string planted = registry_.path() + "/planted.json";
+  ASSERT_EQ(::rename(claim.c_str(), planted.c_str()), 0);
+  ASSERT_EQ(::chown(planted.c_str(), 0, 0), 0);
+  ASSERT_EQ(::symlink(planted.c_str(), claim.c_str()), 0);
+  auto linked = launcher::cleanUpSlurmJob(registry_.path(), "451", host);
+  ASSERT_OK(linked);
+  EXPECT_EQ(linked->sandboxes, 0) << "a claim behind a symbolic link was acted on";
+  EXPECT_FALSE(dead(init));
+
+  // The control: the same claim, in place and root's, cleans up.
+  ASSERT_EQ(::unlink(claim.c_str()), 0);
+  ASSERT_EQ(::rename(planted.c_str(), claim.c_str()), 0);
+  auto report = launcher::cleanUpSlurmJob(registry_.path(), "451", host);
+  ASSERT_OK(report);
+  EXPECT_EQ(report->sandboxes, 1);
+  EXPECT_TRUE(gone(init));
 }
 
 }  // namespace

@@ -40,8 +40,10 @@ std::string claimPath(const std::string& registry_dir, const JobClaim& claim) {
   return registry_dir + "/" + claim.job + "/" + hex + ".json";
 }
 
+// The epilog runs as root and kills what a claim names: a claim only this uid (root, in an epilog) could have
+// written is read, anything else (another user's file, a symbolic link, a loose directory) is refused.
 Result<JobClaim> readClaim(const std::string& path) {
-  DSEC_ASSIGN_OR_RETURN(std::string text, readFile(path));
+  DSEC_ASSIGN_OR_RETURN(std::string text, readPrivateFile(path));
   json j = json::parse(text, nullptr, false);
   if (!j.is_object()) return Error::invalid("job claim " + path + " is not a JSON object");
   JobClaim c;
@@ -179,7 +181,7 @@ std::string currentHostName() {
 
 Status registerJobClaim(const std::string& registry_dir, const JobClaim& claim) {
   if (!isJobId(claim.job)) return Error::invalid("Slurm job id '" + claim.job + "' is not a number");
-  DSEC_TRY(makeDirs(registry_dir + "/" + claim.job, 0700));
+  DSEC_TRY(makePrivateDir(registry_dir + "/" + claim.job));
   json j{{"job", claim.job},
          {"host", claim.host},
          {"node", claim.node},
