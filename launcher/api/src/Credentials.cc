@@ -100,4 +100,16 @@ void removeFleetFileIfOurs(const std::string& name, const std::string& endpoint)
   if (j.is_object() && j.value("endpoint", "") == endpoint) ::unlink(path.c_str());
 }
 
+Status setFleetFileEndpoints(const std::string& name, const std::vector<std::string>& endpoints) {
+  DSEC_TRY(validateFleetName(name));
+  if (endpoints.empty()) return Error::invalid("fleet " + name + ": no gateway endpoint to write");
+  std::string path = fleetFilePath(name);
+  DSEC_ASSIGN_OR_RETURN(std::string text, readFile(path));
+  auto j = nlohmann::json::parse(text, nullptr, false);
+  if (!j.is_object()) return Error::invalid("fleet file " + path + " is not a JSON object");
+  j["endpoint"] = endpoints.front();
+  j["endpoints"] = endpoints;
+  return writeFileAtomic(path, j.dump(2) + "\n", 0600);
+}
+
 }  // namespace dsec::launcher

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "dsec/common/Result.h"
 
@@ -20,5 +21,8 @@ Status writeFleetFile(const std::string& name, const std::string& endpoint, cons
                       const std::string& node, const std::string& root);
 // Removes the fleet file only if it still names `endpoint` (another node may have replaced it).
 void removeFleetFileIfOurs(const std::string& name, const std::string& endpoint);
+// A fleet with several gateways: rewrites the fleet file (atomically, 0600) with "endpoints", every candidate in
+// the order clients try them, and "endpoint" the first of them (for readers that know one). Other fields stay.
+Status setFleetFileEndpoints(const std::string& name, const std::vector<std::string>& endpoints);
 
 }  // namespace dsec::launcher
