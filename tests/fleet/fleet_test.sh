@@ -156,6 +156,14 @@ for name in ("n1", "n2", "n3"):
     held += own["sandboxes"]
 assert held == 30, f"the nodes hold {held} sandboxes, not 30"
 PY
+    # srun --dsec-image steps beside the fleet: a 1-CPU step in its own sandbox on every node (the nodes have a
+    # CPU the fleet's allocation left free) while the fleet holds its 30 sandboxes.
+    steps=$(timeout 120 srun -N3 -n3 --ntasks-per-node=1 -c1 --dsec-image=testbase:1 sh -c \
+        'echo "step host=$(hostname) pid1=$(tr "\0" "\n" </proc/1/cmdline | head -1) image=$(cat /etc/dsec-test-image)"' 2>&1) ||
+        fail "srun --dsec-image beside the fleet failed: $steps"
+    [ "$(echo "$steps" | grep -Ec '^step host=n[1-3]-[0-9]+\.0 pid1=dsec-sandbox-init image=dsec test image$')" = 3 ] ||
+        fail "want a sandboxed step on each of the 3 nodes beside the fleet, got: $steps"
+    log "srun --dsec-image steps ran beside the fleet on all 3 nodes"
     client cleanup
     log "PASS"
     exit 0
