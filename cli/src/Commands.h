@@ -15,6 +15,7 @@ int cmdPause(const Invocation& inv);
 int cmdResume(const Invocation& inv);
 int cmdLayer(const Invocation& inv);  // build | ls | rm
 int cmdDoctor(const Invocation& inv);
+int cmdNode(const Invocation& inv);  // cleanup --job ID
 int cmdBench(const Invocation& inv);  // create | density
 
 }  // namespace dsec::cli

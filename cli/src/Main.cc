@@ -27,6 +27,7 @@ const Command kCommands[] = {
     {"resume", dsec::cli::cmdResume, "thaw a sandbox"},
     {"layer", dsec::cli::cmdLayer, "build, list and remove layers in the local layer store"},
     {"doctor", dsec::cli::cmdDoctor, "report what this host supports"},
+    {"node", dsec::cli::cmdNode, "node upkeep: cleanup --job ID destroys what an ended Slurm job left here"},
     {"bench", dsec::cli::cmdBench, "benchmarks: create latency and throughput, density"},
 };
 

@@ -1,11 +1,12 @@
 // MPI only coordinates the start: rank 0 makes the fleet token, every rank starts its node agent, the ranks
-// exchange endpoints and capacity once, and rank 0 starts the gateway (a supervised child process, restarted if it
-// dies) and writes the fleet file. Then every rank leaves MPI and talks HTTP only, so a dead rank does not take
-// the others down.
+// exchange endpoints and capacity once, ranks 0..K-1 start a gateway each (a supervised child process, restarted if
+// it dies; several, so that the fleet outlives rank 0's node) and rank 0 writes the fleet file naming them. Then
+// every rank leaves MPI and talks HTTP only, so a dead rank does not take the others down.
 #include "MpiLaunch.h"
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <future>
@@ -109,10 +110,11 @@ Result<json> exchangeNodes(const World& w, const Result<RunningNode>& node) {
   return nodes;
 }
 
-// 4. Rank 0: the gateway process, from a config file in the fleet state dir, and the fleet file. Returns the
-// gateway's URL ("" if it did not start).
-std::string startGateway(const LaunchOptions& options, const std::string& fleet_dir, const std::string& token,
-                         const json& nodes, std::unique_ptr<fleet::GatewaySupervisor>* supervisor) {
+// 4. Ranks 0..K-1: a gateway process each (the candidates), from a config file in the node's state dir. Returns
+// the gateway's URL ("" if it did not start).
+std::string startGateway(const LaunchOptions& options, const std::string& fleet_dir,
+                         const std::string& token, const json& nodes,
+                         std::unique_ptr<fleet::GatewaySupervisor>* supervisor) {
   const std::string& fleet_name = options.serve.node.fleet_name;
   fleet::GatewayProcessConfig config;
   config.fleet_name = fleet_name;
@@ -137,33 +139,46 @@ std::string startGateway(const LaunchOptions& options, const std::string& fleet_
     return "";
   }
   std::string gateway = "http://" + fleet::advertisedAddress(options, "") + ":" + std::to_string(*port);
-  if (auto st = writeFleetFile(fleet_name, gateway, token, "gateway", options.serve.node.root); !st.ok()) {
-    DSEC_LOG(kError, kLog) << "writing the fleet file: " << st.error().message();
-  }
   return gateway;
 }
 
-std::string broadcastGateway(const World& w, const std::string& gateway) {
-  char gateway_buf[256] = {};
-  if (w.rank == 0) std::snprintf(gateway_buf, sizeof(gateway_buf), "%s", gateway.c_str());
-  if (w.mpi) MPI_Bcast(gateway_buf, sizeof(gateway_buf), MPI_CHAR, 0, MPI_COMM_WORLD);
-  return gateway_buf;
+// Every candidate's gateway URL to every rank, in rank order; empty when one of them did not start (the fleet
+// then stops, as when a node fails to start).
+std::vector<std::string> gatherGateways(const World& w, int candidates, const std::string& mine) {
+  constexpr int kUrl = 256;
+  std::vector<char> own(kUrl, 0), all(static_cast<size_t>(kUrl) * w.size, 0);
+  std::snprintf(own.data(), kUrl, "%s", mine.c_str());
+  if (w.mpi) {
+    MPI_Allgather(own.data(), kUrl, MPI_CHAR, all.data(), kUrl, MPI_CHAR, MPI_COMM_WORLD);
+  } else {
+    all = own;
+  }
+  std::vector<std::string> gateways;
+  for (int r = 0; r < candidates; ++r) {
+    std::string url(all.data() + static_cast<size_t>(r) * kUrl);
+    if (url.empty()) return {};
+    gateways.push_back(url);
+  }
+  return gateways;
 }
 
-// After MPI: registers and heartbeats over HTTP until stopped, then takes the node down.
-int serveFleet(const LaunchOptions& options, const World& w, const std::string& gateway, const std::string& token,
-               RunningNode& node, fleet::GatewaySupervisor* supervisor) {
+// After MPI: registers and heartbeats with every gateway over HTTP until stopped, then takes the node down.
+int serveFleet(const LaunchOptions& options, const World& w, const std::vector<std::string>& gateways,
+               const std::string& token, RunningNode& node, fleet::GatewaySupervisor* supervisor) {
   const std::string& fleet_name = options.serve.node.fleet_name;
-  fleet::NodeRegistrar registrar(fleet::registrarOptions(gateway, token, node));
+  fleet::NodeRegistrar registrar(fleet::registrarOptions(gateways, token, node));
   registrar.start();
   if (w.rank == 0) {
-    DSEC_LOG(kInfo, kLog) << "fleet " << fleet_name << " of " << w.size << " nodes serving on " << gateway
+    std::string listed;
+    for (const auto& g : gateways) listed += (listed.empty() ? "" : ", ") + g;
+    DSEC_LOG(kInfo, kLog) << "fleet " << fleet_name << " of " << w.size << " nodes serving on " << listed
                           << " (fleet file " << fleetFilePath(fleet_name) << ")";
   }
   fleet::runUntilStopped(node, registrar);
   DSEC_LOG(kInfo, kLog) << "node " << node.name << " stopping: destroying its sandboxes";
-  // Quickest first: mpirun follows its SIGTERM with a SIGKILL soon after.
-  if (w.rank == 0) removeFleetFileIfOurs(fleet_name, gateway);
+  // Quickest first: mpirun follows its SIGTERM with a SIGKILL soon after. Any gateway rank removes the fleet
+  // file (rank 0 may be the one that died).
+  if (supervisor) removeFleetFileIfOurs(fleet_name, gateways.front());
   registrar.stop();
   node.node->stop(true);
   if (supervisor) supervisor->stop();
@@ -187,17 +202,27 @@ int runLaunch(const LaunchOptions& options, int argc, char** argv) {
   }
   std::unique_ptr<fleet::GatewaySupervisor> supervisor;
   std::string gateway;
-  if (w.rank == 0)
+  int candidates = std::min(w.size, options.gateways);
+  if (w.rank < candidates)
     gateway = startGateway(options, fleet::fleetStateDir(options, node->name), token, *nodes, &supervisor);
-  gateway = broadcastGateway(w, gateway);
-  if (gateway.empty()) {
-    DSEC_LOG(kError, kLog) << "rank " << w.rank << ": the gateway did not start";
+  std::vector<std::string> gateways = gatherGateways(w, candidates, gateway);
+  if (gateways.empty()) {
+    DSEC_LOG(kError, kLog) << "rank " << w.rank << ": a gateway did not start";
     if (w.mpi) MPI_Abort(MPI_COMM_WORLD, 1);
     return 1;
   }
+  // Rank 0 writes the fleet file once every candidate is known, so no client ever reads a partial list.
+  if (w.rank == 0) {
+    const auto& node_options = options.serve.node;
+    if (auto st = writeFleetFile(node_options.fleet_name, gateways, token, "gateway", node_options.root,
+                                 node_options.slurm_job);
+        !st.ok()) {
+      DSEC_LOG(kError, kLog) << "writing the fleet file: " << st.error().message();
+    }
+  }
   // From here on MPI is done: each rank registers and heartbeats over HTTP.
   if (w.mpi) finalizeMpiWithin(30, 1);
-  return serveFleet(options, w, gateway, token, *node, supervisor.get());
+  return serveFleet(options, w, gateways, token, *node, supervisor.get());
 }
 
 }  // namespace dsec::launcher

@@ -1,11 +1,16 @@
-"""Finding the fleet: explicit arguments, then DSEC_ENDPOINT/DSEC_TOKEN, then ~/.dsec/fleets/<fleet>.json."""
+"""Finding the fleet: explicit arguments, then DSEC_ENDPOINT/DSEC_TOKEN, then ~/.dsec/fleets/<fleet>.json.
+
+A fleet with several gateways (dsec-launch) lists them all under ``"endpoints"`` in its fleet file, in the order
+clients try them (``"endpoint"`` is the first, for readers that know one). An argument or DSEC_ENDPOINT may also
+name several, as a list or comma-separated.
+"""
 
 from __future__ import annotations
 
 import json
 import os
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence, Tuple, Union
 from urllib.parse import urlsplit
 
 from .errors import DsecError, InvalidRequestError
@@ -13,10 +18,12 @@ from .errors import DsecError, InvalidRequestError
 
 @dataclass(frozen=True)
 class FleetConfig:
-    endpoint: str
+    endpoint: str  # the first of endpoints
     token: str
     fleet: str
     source: str  # where the values came from, for error messages
+    endpoints: Tuple[str, ...] = ()  # every gateway candidate, in the order to try them
+    launch_fleet: bool = False  # the fleet file is a dsec-launch fleet's (it lists "endpoints")
 
 
 def fleet_file_path(fleet: str) -> str:
@@ -43,7 +50,20 @@ def validate_endpoint(endpoint: str) -> str:
     return endpoint.rstrip("/")
 
 
-def resolve(endpoint: Optional[str] = None, token: Optional[str] = None,
+def _endpoint_list(value: Union[str, Sequence[str]], where: str) -> Tuple[str, ...]:
+    items = value.split(",") if isinstance(value, str) else list(value)
+    out = []
+    for item in items:
+        if not isinstance(item, str):
+            raise InvalidRequestError(f"{where}: endpoints must be strings, got {item!r}")
+        if item.strip():
+            out.append(validate_endpoint(item.strip()))
+    if not out:
+        raise InvalidRequestError(f"{where}: no endpoint in {value!r}")
+    return tuple(dict.fromkeys(out))  # in order, each once
+
+
+def resolve(endpoint: Union[None, str, Sequence[str]] = None, token: Optional[str] = None,
             fleet: Optional[str] = None) -> FleetConfig:
     """Each value is taken from the first place that has it: argument, environment, fleet file."""
     fleet = fleet or os.environ.get("DSEC_FLEET") or "default"
@@ -60,9 +80,15 @@ def resolve(endpoint: Optional[str] = None, token: Optional[str] = None,
     elif os.environ.get("DSEC_TOKEN"):
         token = os.environ["DSEC_TOKEN"]
     path = fleet_file_path(fleet)
+    launch_fleet = False
     if not endpoint or not token:
         doc = _read_fleet_file(path)
-        if not endpoint and isinstance(doc.get("endpoint"), str) and doc["endpoint"]:
+        listed = doc.get("endpoints")
+        if not endpoint and isinstance(listed, list) and listed and all(isinstance(e, str) for e in listed):
+            endpoint = listed
+            launch_fleet = True
+            sources.append(path)
+        elif not endpoint and isinstance(doc.get("endpoint"), str) and doc["endpoint"]:
             endpoint = doc["endpoint"]
             sources.append(path)
         if not token and isinstance(doc.get("token"), str) and doc["token"]:
@@ -75,5 +101,7 @@ def resolve(endpoint: Optional[str] = None, token: Optional[str] = None,
         raise DsecError(
             f"no token for the dsec fleet at {endpoint}: pass token=..., set DSEC_TOKEN, or put \"token\" in {path}",
             code="config")
-    return FleetConfig(endpoint=validate_endpoint(endpoint), token=token, fleet=fleet,
-                       source=sources[0] if sources else "argument")
+    source = sources[0] if sources else "argument"
+    endpoints = _endpoint_list(endpoint, source)
+    return FleetConfig(endpoint=endpoints[0], token=token, fleet=fleet, source=source, endpoints=endpoints,
+                       launch_fleet=launch_fleet)

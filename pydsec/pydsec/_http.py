@@ -4,6 +4,13 @@ Each connection is used by one thread at a time: a request takes an idle connect
 new one; the number of connections in use is not capped, so many threads can work at once) and gives it back
 once the response has been read to its end. A connection that went stale while idle (the server closed it)
 fails on first use; such a request is retried once on a fresh connection.
+
+Failover: a Transport may have several endpoints (a fleet's gateway candidates). It sticks to the one that last
+worked and moves on to the next, in order, when a connection to it cannot be made (refused, unreachable, or no
+connect within ``connect_timeout``): nothing was sent, so any request is safe to send to the next. A connection
+that fails after the request went out (reset, closed before the answer) moves on only for the idempotent methods
+(GET, HEAD, PUT, DELETE, OPTIONS); a POST (create, exec, pause...) may have reached the server and is not sent
+twice: it raises DsecConnectionError. A request that times out waiting for its answer is never retried.
 """
 
 from __future__ import annotations
@@ -22,6 +29,8 @@ from .errors import DsecConnectionError, DsecError, DsecTimeoutError, ServerErro
 USER_AGENT = "pydsec/0.1"
 _DEFAULT = object()  # "use the transport's default timeout"; None means "no timeout"
 _BLOCKSIZE = 256 * 1024
+
+_IDEMPOTENT = frozenset(("GET", "HEAD", "PUT", "DELETE", "OPTIONS"))
 
 # Errors that mean "the server closed this keep-alive connection while it sat idle in the pool".
 _STALE_ERRORS = (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError, ConnectionAbortedError,
@@ -45,6 +54,20 @@ def _peer_closed(sock: socket.socket) -> bool:
     except (OSError, ValueError):
         return True
     return bool(readable)
+
+
+class ConnectFailedError(DsecConnectionError):
+    """No connection could be made to any endpoint of a Transport: the request was not sent anywhere."""
+
+
+class _Target:
+    def __init__(self, endpoint: str):
+        parts = urlsplit(endpoint)
+        self.https = parts.scheme == "https"
+        self.host = parts.hostname or "127.0.0.1"
+        self.port = parts.port or (443 if self.https else 80)
+        self.prefix = parts.path.rstrip("/")
+        self.endpoint = endpoint
 
 
 class Response:
@@ -128,40 +151,59 @@ class Response:
 
 
 class Transport:
-    def __init__(self, endpoint: str, token: str, timeout: Optional[float] = 60.0, max_idle: int = 32):
-        parts = urlsplit(endpoint)
-        self._https = parts.scheme == "https"
-        self._host = parts.hostname or "127.0.0.1"
-        self._port = parts.port or (443 if self._https else 80)
-        self._prefix = parts.path.rstrip("/")
-        self.endpoint = endpoint
+    def __init__(self, endpoint: Union[str, Sequence[str]], token: str, timeout: Optional[float] = 60.0,
+                 max_idle: int = 32, connect_timeout: Optional[float] = 5.0):
+        endpoints = [endpoint] if isinstance(endpoint, str) else list(endpoint)
+        if not endpoints:
+            raise ValueError("a Transport needs an endpoint")
+        self._targets = [_Target(e) for e in endpoints]
+        self._current = 0  # the endpoint that last worked
         self._token = token
         self.timeout = timeout
+        self.connect_timeout = connect_timeout
         self._max_idle = max_idle
-        self._idle: List[http.client.HTTPConnection] = []
+        self._idle: List[Tuple[int, http.client.HTTPConnection]] = []
         self._lock = threading.Lock()
         self._closed = False
 
-    # -- pool ---------------------------------------------------------------------------------------------
-    def _new_connection(self) -> http.client.HTTPConnection:
-        if self._https:
-            return http.client.HTTPSConnection(self._host, self._port, timeout=self.timeout, blocksize=_BLOCKSIZE)
-        return http.client.HTTPConnection(self._host, self._port, timeout=self.timeout, blocksize=_BLOCKSIZE)
+    @property
+    def endpoint(self) -> str:
+        """The endpoint requests go to now (the one that last worked)."""
+        return self._targets[self._current].endpoint
 
-    def _acquire(self) -> Tuple[http.client.HTTPConnection, bool]:
+    @property
+    def endpoints(self) -> List[str]:
+        return [t.endpoint for t in self._targets]
+
+    # -- pool ---------------------------------------------------------------------------------------------
+    def _new_connection(self, index: int) -> http.client.HTTPConnection:
+        t = self._targets[index]
+        if t.https:
+            return http.client.HTTPSConnection(t.host, t.port, timeout=self.timeout, blocksize=_BLOCKSIZE)
+        return http.client.HTTPConnection(t.host, t.port, timeout=self.timeout, blocksize=_BLOCKSIZE)
+
+    def _acquire(self, index: int) -> Tuple[http.client.HTTPConnection, bool]:
         # A closed transport still serves requests (e.g. a late cleanup) but no longer keeps connections.
+        stale: List[http.client.HTTPConnection] = []
+        found = None
         with self._lock:
-            while self._idle:
-                conn = self._idle.pop()
-                if conn.sock is not None and not _peer_closed(conn.sock):
-                    return conn, True
-                conn.close()
-        return self._new_connection(), False
+            while self._idle and found is None:
+                owner, conn = self._idle.pop()
+                if owner == index and conn.sock is not None and not _peer_closed(conn.sock):
+                    found = conn
+                else:
+                    stale.append(conn)  # another endpoint's (we moved on) or closed by the server
+        for conn in stale:
+            conn.close()
+        if found is not None:
+            return found, True
+        return self._new_connection(index), False
 
     def _release(self, conn: http.client.HTTPConnection) -> None:
+        index = getattr(conn, "_pydsec_target", 0)
         with self._lock:
             if not self._closed and conn.sock is not None and len(self._idle) < self._max_idle:
-                self._idle.append(conn)
+                self._idle.append((index, conn))
                 return
         conn.close()
 
@@ -169,7 +211,7 @@ class Transport:
         with self._lock:
             self._closed = True
             idle, self._idle = self._idle, []
-        for conn in idle:
+        for _, conn in idle:
             conn.close()
 
     # -- requests -----------------------------------------------------------------------------------------
@@ -206,38 +248,80 @@ class Transport:
             return conn.getresponse()
         return conn.getresponse()
 
+    def _connect(self, conn: http.client.HTTPConnection, index: int) -> None:
+        """Opens a new connection within connect_timeout; OSError when it cannot be made (nothing was sent)."""
+        conn._pydsec_target = index  # type: ignore[attr-defined]
+        conn.timeout = self.connect_timeout
+        conn.connect()
+
     def request(self, method: str, path: str, query: Optional[Query] = None, body: Body = None,
                 headers: Optional[Dict[str, str]] = None, timeout: Any = _DEFAULT) -> Response:
-        """Send a request and return the response with its body unread. Raises the mapped DsecError for non-2xx."""
-        url = self._prefix + path + encode_query(query)
+        """Send a request and return the response with its body unread. Raises the mapped DsecError for non-2xx.
+
+        Tries the endpoints from the one that last worked on, as the module doc says."""
         if timeout is _DEFAULT:
             timeout = self.timeout
         all_headers = self._headers(headers, body)
         rewind = None
         if body is not None and not isinstance(body, (bytes, bytearray, memoryview)):
             rewind = body.tell()
+        start = self._current
+        count = len(self._targets)
+        failures: List[str] = []
+        for step in range(count):
+            index = (start + step) % count
+            try:
+                resp = self._request_on(index, method, path, query, body, all_headers, timeout, rewind)
+            except ConnectFailedError as e:
+                failures.append(str(e))
+                continue
+            except DsecConnectionError as e:
+                # Sent, then the connection failed: only an idempotent request may go to the next endpoint.
+                if method.upper() not in _IDEMPOTENT or step + 1 == count:
+                    raise
+                failures.append(str(e))
+                continue
+            if index != self._current:
+                self._current = index  # stick to the endpoint that works
+            return resp
+        if count == 1:
+            raise ConnectFailedError(failures[0])
+        raise ConnectFailedError(f"{method} {path}: no endpoint of the dsec fleet answers: " + "; ".join(failures))
+
+    def _request_on(self, index: int, method: str, path: str, query: Optional[Query], body: Body,
+                    all_headers: Dict[str, str], timeout: Any, rewind: Optional[int]) -> Response:
+        target = self._targets[index]
+        url = target.prefix + path + encode_query(query)
+        endpoint = target.endpoint
         for attempt in (0, 1):
-            conn, reused = self._acquire()
+            conn, reused = self._acquire(index)
+            if not reused:
+                try:
+                    self._connect(conn, index)
+                except OSError as e:  # refused, unreachable, or socket.timeout: the request never left
+                    conn.close()
+                    raise ConnectFailedError(f"cannot reach the dsec fleet at {endpoint}: {e or 'timed out'}") \
+                        from None
             self._set_timeout(conn, timeout)
+            if rewind is not None:
+                body.seek(rewind)
             try:
                 resp = self._send_once(conn, method, url, body, all_headers)
             except socket.timeout:
                 conn.close()
-                raise DsecTimeoutError(f"{method} {path}: no response from {self.endpoint} within {timeout} s") \
+                raise DsecTimeoutError(f"{method} {path}: no response from {endpoint} within {timeout} s") \
                     from None
             except _STALE_ERRORS as e:
                 conn.close()
                 if reused and attempt == 0:
-                    if rewind is not None:
-                        body.seek(rewind)
                     continue
-                raise DsecConnectionError(f"{method} {path}: connection to {self.endpoint} lost: {e}") from None
+                raise DsecConnectionError(f"{method} {path}: connection to {endpoint} lost: {e}") from None
             except OSError as e:
                 conn.close()
-                raise DsecConnectionError(f"cannot reach the dsec fleet at {self.endpoint}: {e}") from None
+                raise DsecConnectionError(f"{method} {path}: connection to {endpoint} failed: {e}") from None
             except http.client.HTTPException as e:
                 conn.close()
-                raise ServerError(f"{method} {path}: bad HTTP response from {self.endpoint}: {e!r}") from None
+                raise ServerError(f"{method} {path}: bad HTTP response from {endpoint}: {e!r}") from None
             response = Response(self, conn, resp)
             if not 200 <= resp.status < 300:
                 try:

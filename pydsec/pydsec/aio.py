@@ -19,7 +19,7 @@ import asyncio
 import functools
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Awaitable, Callable, Dict, List, Mapping, Optional, Tuple, TypeVar, Union
+from typing import Any, Awaitable, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, TypeVar, Union
 
 from . import _validate as v
 from . import client as _sync
@@ -338,12 +338,23 @@ class Session:
 class Client:
     """Async connection to a dsec fleet; same discovery rules and arguments as :class:`pydsec.Client`."""
 
-    def __init__(self, endpoint: Optional[str] = None, token: Optional[str] = None, fleet: Optional[str] = None,
-                 timeout: Optional[float] = 120.0, max_workers: int = 64, max_idle_connections: int = 32):
-        self._sync = _sync.Client(endpoint, token, fleet, timeout=timeout, max_idle_connections=max_idle_connections)
-        self.endpoint = self._sync.endpoint
+    def __init__(self, endpoint: Union[None, str, Sequence[str]] = None, token: Optional[str] = None,
+                 fleet: Optional[str] = None, timeout: Optional[float] = 120.0, max_workers: int = 64,
+                 max_idle_connections: int = 32, connect_timeout: Optional[float] = 5.0,
+                 direct: Optional[bool] = None):
+        self._sync = _sync.Client(endpoint, token, fleet, timeout=timeout, max_idle_connections=max_idle_connections,
+                                  connect_timeout=connect_timeout, direct=direct)
         self.fleet = self._sync.fleet
         self._executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="pydsec-aio")
+
+    @property
+    def endpoint(self) -> str:
+        """The gateway requests go to now (the one that last worked)."""
+        return self._sync.endpoint
+
+    @property
+    def endpoints(self) -> List[str]:
+        return self._sync.endpoints
 
     def __repr__(self) -> str:
         return f"<pydsec.aio.Client {self.endpoint} fleet={self.fleet!r}>"

@@ -12,6 +12,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from . import _config, _tar
 from . import _validate as v
+from ._direct import DataPath, SandboxRoute
 from ._http import Response, Transport
 from .errors import DsecError, NodeLostError, NotFoundError, ServerError, error_from_code
 from .results import ExecResult
@@ -124,6 +125,10 @@ class Sandbox:
     def _t(self) -> Transport:
         return self._client._transport
 
+    def _d(self) -> SandboxRoute:
+        """The data path (exec, files, tar): the sandbox's node directly when the client may, else the gateway."""
+        return SandboxRoute(self._client._data_path, self._client._transport, self.id)
+
     # -- lifecycle ----------------------------------------------------------------------------------------
     def info(self) -> Dict[str, Any]:
         """The sandbox info object (state, limits, usage...), fetched fresh.
@@ -186,7 +191,7 @@ class Sandbox:
              output_cap: Optional[int] = None) -> ExecResult:
         """Run a command (a str runs under /bin/sh -c, a list is argv) and wait for it."""
         body = v.exec_body(cmd, timeout, cwd, env, stdin, output_cap)
-        doc = self._t().call("POST", self._path + "/exec", payload=body,
+        doc = self._d().call("POST", self._path + "/exec", payload=body,
                              timeout=self._exec_wait(timeout, self._t().timeout))
         if not isinstance(doc, dict):
             raise ServerError(f"unexpected exec response: {doc!r}")
@@ -197,7 +202,7 @@ class Sandbox:
                     output_cap: Optional[int] = None) -> ExecStream:
         """Run a command and get its output as it arrives; see ExecStream."""
         body = v.exec_body(cmd, timeout, cwd, env, stdin, output_cap)
-        response = self._t().request("POST", self._path + "/exec/stream", body=json.dumps(body).encode("utf-8"),
+        response = self._d().request("POST", self._path + "/exec/stream", body=json.dumps(body).encode("utf-8"),
                                      headers={"Content-Type": "application/json"},
                                      timeout=self._exec_wait(timeout, self._t().timeout))
         return ExecStream(response)
@@ -215,7 +220,7 @@ class Sandbox:
         query: List[Tuple[str, Any]] = [("path", path)]
         if mode is not None:
             query.append(("mode", v.file_mode(mode)))
-        return self._t().request("PUT", self._path + "/files", query, body=data,
+        return self._d().request("PUT", self._path + "/files", query, body=data,
                                  headers={"Content-Type": "application/octet-stream"}).json()
 
     def write_file_from(self, path: str, local_path: str, mode: Union[None, int, str] = None) -> Dict[str, Any]:
@@ -225,17 +230,17 @@ class Sandbox:
         if mode is not None:
             query.append(("mode", v.file_mode(mode)))
         with open(local_path, "rb") as f:
-            return self._t().request("PUT", self._path + "/files", query, body=f,
+            return self._d().request("PUT", self._path + "/files", query, body=f,
                                      headers={"Content-Type": "application/octet-stream"}).json()
 
     def read_file(self, path: str) -> bytes:
         v.abs_path("path", path)
-        return self._t().request("GET", self._path + "/files", [("path", path)]).read()
+        return self._d().request("GET", self._path + "/files", [("path", path)]).read()
 
     def read_file_to(self, path: str, local_path: str) -> int:
         """Stream path into a local file (written next to it, then renamed). Returns the byte count."""
         v.abs_path("path", path)
-        response = self._t().request("GET", self._path + "/files", [("path", path)])
+        response = self._d().request("GET", self._path + "/files", [("path", path)])
         directory = os.path.dirname(os.path.abspath(local_path))
         fd, tmp = tempfile.mkstemp(prefix=".pydsec-", dir=directory)
         total = 0
@@ -259,12 +264,12 @@ class Sandbox:
 
     def list_dir(self, path: str) -> List[Dict[str, Any]]:
         v.abs_path("path", path)
-        doc = self._t().call("GET", self._path + "/files/list", [("path", path)])
+        doc = self._d().call("GET", self._path + "/files/list", [("path", path)])
         return list((doc or {}).get("entries") or [])
 
     def stat(self, path: str) -> Dict[str, Any]:
         v.abs_path("path", path)
-        return self._t().call("GET", self._path + "/files/stat", [("path", path)])
+        return self._d().call("GET", self._path + "/files/stat", [("path", path)])
 
     def exists(self, path: str) -> bool:
         try:
@@ -278,13 +283,13 @@ class Sandbox:
         query: List[Tuple[str, Any]] = [("path", path)]
         if recursive:
             query.append(("recursive", "1"))
-        return self._t().call("DELETE", self._path + "/files", query)
+        return self._d().call("DELETE", self._path + "/files", query)
 
     def upload(self, local_dir: str, remote_dir: str) -> Dict[str, Any]:
         """Copy the contents of local_dir into remote_dir (created if missing) as one tar stream."""
         v.abs_path("remote_dir", remote_dir)
         with _tar.pack_directory(local_dir) as tmp:
-            return self._t().request("PUT", self._path + "/tar", [("path", remote_dir)], body=tmp,
+            return self._d().request("PUT", self._path + "/tar", [("path", remote_dir)], body=tmp,
                                      headers={"Content-Type": "application/x-tar"}).json()
 
     def download(self, remote_dir: str, local_dir: str) -> int:
@@ -293,7 +298,7 @@ class Sandbox:
         Members that would escape local_dir (absolute names, '..', outside links) raise UnsafeArchiveError.
         """
         v.abs_path("remote_dir", remote_dir)
-        response = self._t().request("GET", self._path + "/tar", [("path", remote_dir)])
+        response = self._d().request("GET", self._path + "/tar", [("path", remote_dir)])
         try:
             count = _tar.extract_stream(response, local_dir)
             response.read()  # drain the end of the stream so that the connection can be reused
@@ -306,22 +311,43 @@ class Client:
     """A connection to a dsec fleet.
 
     ``endpoint``/``token`` come from the arguments, else from DSEC_ENDPOINT/DSEC_TOKEN, else from the fleet file
-    ``~/.dsec/fleets/<fleet>.json`` written by ``dsec serve --fleet-name <fleet>``. ``timeout`` (seconds, None
-    for none) bounds every request except execs, which wait for their own timeout plus a grace period.
+    ``~/.dsec/fleets/<fleet>.json`` written by ``dsec serve --fleet-name <fleet>`` or ``dsec-launch``. ``timeout``
+    (seconds, None for none) bounds every request except execs, which wait for their own timeout plus a grace
+    period; ``connect_timeout`` bounds making a connection.
+
+    A fleet with several gateways (its fleet file lists ``endpoints``; ``endpoint`` may also be a list) is used
+    from the gateway that last worked, moving on to the next when one cannot be connected to (see
+    ``pydsec._http`` for which requests are retried). ``direct`` sends a sandbox's exec, file and tar traffic
+    straight to its node with the same token, the gateway being the fallback: ``None`` (the default) turns it on
+    for a dsec-launch fleet found through its fleet file.
     """
 
-    def __init__(self, endpoint: Optional[str] = None, token: Optional[str] = None, fleet: Optional[str] = None,
-                 timeout: Optional[float] = 120.0, max_idle_connections: int = 32):
+    def __init__(self, endpoint: Union[None, str, Sequence[str]] = None, token: Optional[str] = None,
+                 fleet: Optional[str] = None, timeout: Optional[float] = 120.0, max_idle_connections: int = 32,
+                 connect_timeout: Optional[float] = 5.0, direct: Optional[bool] = None):
         cfg = _config.resolve(endpoint, token, fleet)
-        self.endpoint = cfg.endpoint
         self.fleet = cfg.fleet
-        self._transport = Transport(cfg.endpoint, cfg.token, timeout=timeout, max_idle=max_idle_connections)
+        self._transport = Transport(cfg.endpoints or [cfg.endpoint], cfg.token, timeout=timeout,
+                                    max_idle=max_idle_connections, connect_timeout=connect_timeout)
+        self._data_path = DataPath(self._transport, cfg.token, cfg.launch_fleet if direct is None else direct,
+                                   max_idle_connections)
+
+    @property
+    def endpoint(self) -> str:
+        """The gateway requests go to now (the one that last worked)."""
+        return self._transport.endpoint
+
+    @property
+    def endpoints(self) -> List[str]:
+        """Every gateway candidate, in the order they are tried."""
+        return self._transport.endpoints
 
     def __repr__(self) -> str:
         return f"<pydsec.Client {self.endpoint} fleet={self.fleet!r}>"
 
     def close(self) -> None:
         self._transport.close()
+        self._data_path.close()
 
     def __enter__(self) -> "Client":
         return self

@@ -38,6 +38,7 @@ extern "C" {
 #include "TaskJoin.h"
 #include "TaskLockdown.h"
 #include "dsec/common/Logging.h"
+#include "dsec/launcher/node/JobOwnership.h"
 
 extern "C" {
 extern const char plugin_name[] = "dsec";
@@ -277,6 +278,25 @@ int remotePostOpt(spank_t sp) {
   return 0;
 }
 
+// What the job's fleet agents (dsec-launch, dsec serve) left on this node: their sandboxes, cgroups and layer
+// mounts, found from the claims they leave in /run/dsec/jobs. Here and not in slurm.conf's Epilog: the plugin
+// is on every node already, runs as root after every process of the job is gone, whatever ended the job.
+void cleanUpFleetJob(uint32_t job_id) {
+  std::string job = std::to_string(job_id);
+  auto report = launcher::cleanUpSlurmJob(launcher::kJobRegistryDir, job, launcher::currentHostName());
+  if (!report.ok()) {
+    slurm_info("dsec: job %u: cleaning up its fleet sandboxes: %s", job_id, report.error().message().c_str());
+    return;
+  }
+  if (report->sandboxes > 0 || report->leftovers > 0 || report->mounts > 0) {
+    slurm_info(
+        "dsec: job %u ended: destroyed %d fleet sandbox(es) and %d unrecorded cgroup(s), released %d layer "
+        "mount(s)",
+        job_id, report->sandboxes, report->leftovers, report->mounts);
+  }
+  for (const auto& note : report->notes) slurm_info("dsec: job %u: %s", job_id, note.c_str());
+}
+
 }  // namespace
 }  // namespace dsec::spank
 
@@ -388,6 +408,7 @@ extern "C" int slurm_spank_job_epilog(spank_t sp, int ac, char** av) {
     } else if (*reaped > 0) {
       slurm_info("dsec: job %u: reaped %d sandbox(es) left by a killed slurmstepd", job_id, *reaped);
     }
+    dsec::spank::cleanUpFleetJob(job_id);
     return 0;  // never fail the epilog: that drains the node
   });
 }

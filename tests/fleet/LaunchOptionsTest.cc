@@ -85,6 +85,8 @@ TEST_F(LaunchOptionsTest, FleetFlagsParse) {
   EXPECT_EQ(safeNodeName(o->node_name), "node-1");
   EXPECT_EQ(o->drain_timeout, 5);
   EXPECT_EQ(o->lost_after, 2);
+  EXPECT_EQ(o->gateways, 3);  // gateway candidates: ranks 0..2
+  EXPECT_EQ(parseLaunchOptions({"--gateways", "2"})->gateways, 2);
   EXPECT_TRUE(o->no_mpi);
   EXPECT_FALSE(o->serve.write_fleet_file);
 
@@ -111,9 +113,9 @@ TEST_F(LaunchOptionsTest, FleetFlagsParse) {
 
 TEST_F(LaunchOptionsTest, BadValuesAreRefusedNamingTheFlag) {
   for (const char* arg_text :
-       {"--port=70000", "--node-port=-1", "--drain-timeout=-1", "--lost-after=0.1", "--max-sandboxes=0",
-        "--cpu-qos=maybe", "--overcommit=x", "--fncall-workers=-2", "--memory-capacity=lots", "--header-timeout=0",
-        "--fleet=../etc", "--max-sandboxes=1e3", "--port=99999999999"}) {
+       {"--port=70000", "--node-port=-1", "--drain-timeout=-1", "--lost-after=0.1", "--gateways=0", "--gateways=17",
+        "--max-sandboxes=0", "--cpu-qos=maybe", "--overcommit=x", "--fncall-workers=-2", "--memory-capacity=lots",
+        "--header-timeout=0", "--fleet=../etc", "--max-sandboxes=1e3", "--port=99999999999"}) {
     std::string arg = arg_text;
     auto o = parseLaunchOptions({arg});
     ASSERT_FALSE(o.ok()) << arg << " was taken";

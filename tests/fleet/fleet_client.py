@@ -1,7 +1,7 @@
 """The pydsec side of tests/fleet/fleet_test.sh, run inside a Slurm job (srun) of its own.
 
 fleet_client.py PHASE STATE_FILE [ARG]: create | session | check | lost NODE | after-join NODE | admission |
-cleanup.
+failover NODE | cleanup.
 Exits non-zero with a message on the first failed expectation."""
 
 import json
@@ -40,6 +40,73 @@ def check_sandbox(client, sid, node):
         fail(f"{sid}: exec returned {r.exit_code} {r.stdout!r} {r.stderr!r}")
     if sb.read_file("/data/mark") != f"{sid}\n".encode():
         fail(f"{sid}: read_file gave the wrong bytes")
+
+
+def wait_for_file(path, seconds=120):
+    deadline = time.monotonic() + seconds
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            fail(f"{path} did not appear within {seconds} s")
+        time.sleep(0.01)
+    with open(path) as f:
+        return f.read().strip()
+
+
+def failover(client, state_path, dead):
+    """Rank 0's node `dead` is killed while this client is in use: the same client (no change by the caller)
+    carries on through another gateway. Prints the time from the kill to the first successful call."""
+    sandboxes = load(state_path)["sandboxes"]
+    if len(client.endpoints) < 3:
+        fail(f"the fleet file names {client.endpoints}, not 3 gateway candidates")
+    lost = [s for s, n in sandboxes.items() if n == dead]
+    kept = [s for s, n in sandboxes.items() if n != dead]
+    client.sandbox(kept[0]).info()  # in use: a keep-alive connection to the first gateway
+    first = client.endpoint
+    open(state_path + ".ready", "w").close()
+    killed_at = float(wait_for_file(state_path + ".killed"))
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            client.sandbox(kept[0]).info()
+            break
+        except pydsec.InfraError as e:
+            if time.monotonic() > deadline:
+                fail(f"no call succeeded within 60 s of the kill: {e!r}")
+    took = time.time() - killed_at
+    print(f"failover: first successful call {took * 1000:.0f} ms after the kill of {dead}; gateway {first} -> "
+          f"{client.endpoint}")
+    if client.endpoint == first:
+        fail(f"the client still uses the dead gateway {first}")
+    for sid in kept:
+        check_sandbox(client, sid, sandboxes[sid])
+    deadline = time.monotonic() + 30
+    while True:  # until the gateway declares the node lost (before that it is "not answering")
+        try:
+            if client.sandbox(lost[0]).info().get("state") == "lost":
+                break
+        except pydsec.NodeLostError as e:
+            if (e.node, e.node_state) != (dead, "unreachable"):
+                fail(f"{lost[0]}: {e!r}")
+        if time.monotonic() > deadline:
+            fail(f"{lost[0]} on the dead node {dead} is not reported lost")
+        time.sleep(0.2)
+    for sid in lost:
+        try:
+            client.sandbox(sid).exec("true", timeout=5)
+            fail(f"{sid} on the dead node answered")
+        except pydsec.NodeLostError as e:
+            if e.node != dead:
+                fail(f"NodeLostError for {sid} names {e.node}")
+    new = {}
+    for _ in range(6):
+        sb = client.create(IMAGE, cpus=0.1, memory="64M", labels=LABELS)
+        sb.write_file("/data/mark", f"{sb.id}\n")
+        new[sb.id] = sb.info()["node"]
+        check_sandbox(client, sb.id, new[sb.id])
+    if dead in new.values():
+        fail(f"a new sandbox was placed on the dead node {dead}")
+    print(f"{len(kept)} sandboxes of the other nodes serve, {len(lost)} of {dead} are lost; 6 new ones on "
+          f"{sorted(set(new.values()))}")
 
 
 def main():
@@ -167,6 +234,8 @@ def main():
         if sorted(counts) != ["n1", "n2", "n3"]:
             fail(f"the 30 sandboxes landed on {sorted(counts)}, not on n1, n2 and n3")
         save(state_path, {"sandboxes": sandboxes})
+    elif phase == "failover":
+        failover(client, state_path, arg)
     elif phase == "cleanup":
         for sb in client.list(labels=LABELS):
             sb.destroy()

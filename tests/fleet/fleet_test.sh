@@ -13,6 +13,12 @@
 # `fleet_test.sh admission`: rollout-fleet.sbatch with -N3 --ntasks-per-node=1 -c1 (a 1-CPU allocation per node);
 #   30 idle sandboxes of the default size (1 CPU each) from pydsec are all admitted, over all 3 nodes, and no node
 #   refuses a create the gateway sent it (the gateway places by the nodes' own admission, not a ratio of its own).
+# `fleet_test.sh failover`: rollout-fleet.sbatch with -N3 --ntasks-per-node=1 -c1 (3 gateway candidates, listed in
+#   the fleet file); pydsec makes 30 sandboxes over n1..n3, then rank 0's node n1 dies whole (its dsec-launch, with
+#   the node agent in it, and its gateway, SIGKILL) while a pydsec client is in use: the same client carries on
+#   through another gateway (the time from the kill to its first successful call is printed), n2's and n3's
+#   sandboxes exec and serve files, n1's are lost (NodeLostError), new creates land on n2 and n3, and the job
+#   keeps running.
 # `fleet_test.sh trainer`: slurm-configs/trainer.sbatch in the preemptible partition makes sandboxes through a
 #   session and starts a background process in each; a rollout job preempts it; while it waits to be requeued
 #   its lease lapses and the fleet pauses the sandboxes; the requeued trainer attaches and finds every sandbox
@@ -84,9 +90,9 @@ client() {
     srun -N1 -w "${CLIENT_NODE:-n2}" --mpi=none -t 5 --export=ALL,PYTHONPATH="$REPO/pydsec",DSEC_FLEET="$FLEET" \
         /usr/bin/python3 "$HERE/fleet_client.py" "$@" "$STATE" "${CLIENT_ARG:-}"
 }
-api() {  # METHOD PATH -> body
+api() {  # METHOD PATH -> body (through $API_ENDPOINT, else the fleet file's first gateway)
     local ep token
-    ep=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["endpoint"])' "$FLEET_FILE")
+    ep=${API_ENDPOINT:-$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["endpoint"])' "$FLEET_FILE")}
     token=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["token"])' "$FLEET_FILE")
     curl -sS --max-time 10 -X "$1" -H "Authorization: Bearer $token" "$ep$2"
 }
@@ -102,8 +108,10 @@ launch_pid() {  # node [gateway] -> pid of that node's dsec-launch rank (or of i
     local p cmd
     for p in $(ip netns pids "${NET_PREFIX}-$1" 2>/dev/null); do
         cmd=$(tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null) || continue
+        # Not srun (on the batch host its command line names dsec-launch too): the rank itself.
+        [ "$(basename "$(readlink "/proc/$p/exe" 2>/dev/null)")" = dsec-launch ] || continue
         case "$cmd" in
-            *dsec-launch*--gateway-only*--fleet\ "$FLEET"*) [ "${2:-}" = gateway ] && echo "$p" ;;
+            *dsec-launch*--gateway-only*--fleet\ "$FLEET"*) [ "${2:-}" != gateway ] || echo "$p" ;;
             *dsec-launch*--fleet\ "$FLEET"*) [ "${2:-}" = gateway ] || echo "$p" ;;
         esac
     done
@@ -148,6 +156,42 @@ for name in ("n1", "n2", "n3"):
     held += own["sandboxes"]
 assert held == 30, f"the nodes hold {held} sandboxes, not 30"
 PY
+    # srun --dsec-image steps beside the fleet: a 1-CPU step in its own sandbox on every node (the nodes have a
+    # CPU the fleet's allocation left free) while the fleet holds its 30 sandboxes.
+    steps=$(timeout 120 srun -N3 -n3 --ntasks-per-node=1 -c1 --dsec-image=testbase:1 sh -c \
+        'echo "step host=$(hostname) pid1=$(tr "\0" "\n" </proc/1/cmdline | head -1) image=$(cat /etc/dsec-test-image)"' 2>&1) ||
+        fail "srun --dsec-image beside the fleet failed: $steps"
+    [ "$(echo "$steps" | grep -Ec '^step host=n[1-3]-[0-9]+\.0 pid1=dsec-sandbox-init image=dsec test image$')" = 3 ] ||
+        fail "want a sandboxed step on each of the 3 nodes beside the fleet, got: $steps"
+    log "srun --dsec-image steps ran beside the fleet on all 3 nodes"
+    client cleanup
+    log "PASS"
+    exit 0
+fi
+
+if [ "$CASE" = failover ]; then
+    start_fleet --ntasks-per-node=1 -c1
+    n_endpoints=$(python3 -c 'import json,sys; print(len(json.load(open(sys.argv[1]))["endpoints"]))' "$FLEET_FILE")
+    [ "$n_endpoints" = 3 ] || fail "the fleet file lists $n_endpoints gateways, not 3"
+    client create
+    rank0=$(launch_pid n1)
+    gw0=$(launch_pid n1 gateway)
+    [ -n "$rank0" ] && [ -n "$gw0" ] || fail "no dsec-launch rank 0 or gateway of fleet $FLEET on n1"
+    CLIENT_ARG=n1 client failover >"$WORK/failover-client.out" 2>&1 &
+    client_pid=$!
+    wait_for 60 "the pydsec client to be in use" test -e "$STATE.ready"
+    # Rank 0's node dies whole: the rank (its node agent is in it) and its gateway, with no cleanup.
+    date +%s.%N >"$STATE.killed.tmp"
+    kill -9 "$rank0" "$gw0"
+    mv "$STATE.killed.tmp" "$STATE.killed"
+    log "killed rank 0 ($rank0) and its gateway ($gw0) on n1"
+    wait "$client_pid" || { cat "$WORK/failover-client.out"; fail "pydsec did not carry on after rank 0's node died"; }
+    cat "$WORK/failover-client.out"
+    API_ENDPOINT=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["endpoints"][1])' "$FLEET_FILE")
+    export API_ENDPOINT
+    wait_for 15 "n1 lost at the surviving gateway" states_are "n1=lost n2=healthy n3=healthy"
+    [ "$(squeue -h -j "${JOBS[0]}" -o %T)" = RUNNING ] || fail "the fleet job did not survive rank 0: $(squeue -h -j "${JOBS[0]}")"
+    log "rank 0's node is gone; the fleet serves on n2 and n3: $(node_states)"
     client cleanup
     log "PASS"
     exit 0

@@ -41,20 +41,22 @@ TEST(FleetFile, WrittenPrivateAndRemovedOnlyByOwner) {
   const char* old_home = std::getenv("HOME");
   std::string saved = old_home ? old_home : "";
   ::setenv("HOME", home.path().c_str(), 1);
-  ASSERT_OK(writeFleetFile("t1", "http://127.0.0.1:1234", "abcd", "n0", "/r"));
+  ASSERT_OK(writeFleetFile("t1", {"http://127.0.0.1:1234", "http://127.0.0.2:1234"}, "abcd", "n0", "/r"));
   std::string path = home.path() + "/.dsec/fleets/t1.json";
   EXPECT_EQ(path, fleetFilePath("t1"));
   EXPECT_EQ(fileMode(path), 0600);
   EXPECT_EQ(fileMode(home.path() + "/.dsec/fleets"), 0700);
   auto j = nlohmann::json::parse(*readFile(path));
   EXPECT_EQ(j["endpoint"], "http://127.0.0.1:1234");
+  EXPECT_EQ(j["endpoints"], nlohmann::json::array({"http://127.0.0.1:1234", "http://127.0.0.2:1234"}));
   EXPECT_EQ(j["token"], "abcd");
   EXPECT_EQ(j["fleet"], "t1");
   removeFleetFileIfOurs("t1", "http://127.0.0.1:9999");  // someone else's endpoint: kept
   EXPECT_EQ(fileMode(path), 0600);
   removeFleetFileIfOurs("t1", "http://127.0.0.1:1234");
   EXPECT_EQ(fileMode(path), -1);
-  ASSERT_ERROR(writeFleetFile("../evil", "e", "t", "n", "r"), ErrorCode::kInvalidArgument);
+  ASSERT_ERROR(writeFleetFile("../evil", {"e"}, "t", "n", "r"), ErrorCode::kInvalidArgument);
+  ASSERT_ERROR(writeFleetFile("t2", {}, "t", "n", "r"), ErrorCode::kInvalidArgument);
   if (old_home) ::setenv("HOME", saved.c_str(), 1);
 }
 

@@ -81,13 +81,16 @@ std::string fleetFilePath(const std::string& name) {
   return home + "/.dsec/fleets/" + name + ".json";
 }
 
-Status writeFleetFile(const std::string& name, const std::string& endpoint, const std::string& token,
-                      const std::string& node, const std::string& root) {
+Status writeFleetFile(const std::string& name, const std::vector<std::string>& endpoints, const std::string& token,
+                      const std::string& node, const std::string& root, const std::string& slurm_job) {
   DSEC_TRY(validateFleetName(name));
+  if (endpoints.empty()) return Error::invalid("fleet " + name + ": no endpoint to write");
   std::string path = fleetFilePath(name);
   std::string dir = path.substr(0, path.rfind('/'));
   DSEC_TRY(makePrivateDir(dir));
-  nlohmann::json j = {{"endpoint", endpoint}, {"token", token}, {"fleet", name}, {"node", node}, {"root", root}};
+  nlohmann::json j = {{"endpoint", endpoints.front()}, {"endpoints", endpoints}, {"token", token},
+                      {"fleet", name},           {"node", node},           {"root", root}};
+  if (!slurm_job.empty()) j["slurm_job"] = slurm_job;  // a --join agent takes over this job's sandboxes
   return writeFileAtomic(path, j.dump(2) + "\n", 0600);
 }
 

@@ -109,6 +109,10 @@ std::string defaultNodeRoot() {
 
 NodeOptionTable::NodeOptionTable(ServeOptions* options, NodeTableParts parts) : options_(options), parts_(parts) {
   if (parts_.root && options_->node.root.empty()) options_->node.root = defaultNodeRoot();
+  // Inside a Slurm job the job owns the sandboxes, and its epilog destroys them (JobOwnership.h).
+  if (const char* job = std::getenv("SLURM_JOB_ID"); job != nullptr && options_->node.slurm_job.empty()) {
+    options_->node.slurm_job = job;
+  }
 }
 
 void NodeOptionTable::addTo(po::options_description& desc) {

@@ -71,7 +71,7 @@ class EmbeddedNodeImpl : public EmbeddedNode {
     http_ = std::move(*server);
     if (options_.write_fleet_file) {
       const NodeOptions& node = options_.node;
-      auto st = writeFleetFile(node.fleet_name, http_->endpoint(), token_, node.node_name, node.root);
+      auto st = writeFleetFile(node.fleet_name, {http_->endpoint()}, token_, node.node_name, node.root, node.slurm_job);
       if (!st.ok()) {
         http_->stop();
         agent_->shutdown(false);

@@ -134,14 +134,17 @@ Status forward(HttpExchange& ex, const std::string& endpoint, const std::string&
 
 // ---- NodeRegistrar -------------------------------------------------------------------------------------
 
-NodeRegistrar::NodeRegistrar(RegistrarOptions options) : options_(std::move(options)) {}
+NodeRegistrar::NodeRegistrar(RegistrarOptions options)
+    : options_(std::move(options)), warned_(new std::atomic<bool>[options_.gateways.size()]) {
+  for (size_t i = 0; i < options_.gateways.size(); ++i) warned_[i] = false;
+}
 
 NodeRegistrar::~NodeRegistrar() { stop(); }
 
 void NodeRegistrar::start() {
   std::lock_guard lock(mu_);
-  if (thread_.joinable()) return;
-  thread_ = std::thread([this] { loop(); });
+  if (!threads_.empty() || stopping_) return;
+  for (size_t i = 0; i < options_.gateways.size(); ++i) threads_.emplace_back([this, i] { loop(i); });
 }
 
 void NodeRegistrar::stop() {
@@ -150,7 +153,9 @@ void NodeRegistrar::stop() {
     stopping_ = true;
   }
   cv_.notify_all();
-  if (thread_.joinable()) thread_.join();
+  for (auto& t : threads_) {
+    if (t.joinable()) t.join();
+  }
 }
 
 json NodeRegistrar::registration(bool draining) {
@@ -180,19 +185,20 @@ json NodeRegistrar::registration(bool draining) {
               {"sandboxes", sandboxes}};
 }
 
-Status NodeRegistrar::registerOnce() {
+Status NodeRegistrar::registerWith(size_t gateway) {
   bool draining;
   {
     std::lock_guard lock(mu_);
     draining = draining_;
   }
+  const std::string& endpoint = options_.gateways[gateway];
   client::CallOptions o;
   o.connect_timeout_ms = 1000;
   o.io_timeout_ms = 3000;
-  DSEC_ASSIGN_OR_RETURN(auto reply, client::call(options_.gateway, http::verb::post, "/v1/fleet/nodes", options_.token,
+  DSEC_ASSIGN_OR_RETURN(auto reply, client::call(endpoint, http::verb::post, "/v1/fleet/nodes", options_.token,
                                                  registration(draining).dump(), o));
   if (reply.status != 200 && reply.status != 201) {
-    return Error(ErrorCode::kUnavailable, "gateway " + options_.gateway + " refused the registration (" +
+    return Error(ErrorCode::kUnavailable, "gateway " + endpoint + " refused the registration (" +
                                               std::to_string(reply.status) + "): " + reply.body);
   }
   auto answer = reply.json();
@@ -200,15 +206,27 @@ Status NodeRegistrar::registerOnce() {
   return okStatus();
 }
 
-void NodeRegistrar::loop() {
+Status NodeRegistrar::registerOnce() {
+  Status last = Error(ErrorCode::kUnavailable, "no gateway to register with");
+  bool any = false;
+  for (size_t i = 0; i < options_.gateways.size(); ++i) {
+    auto st = registerWith(i);
+    any = any || st.ok();
+    if (!st.ok()) last = st;
+  }
+  return any ? okStatus() : last;
+}
+
+void NodeRegistrar::loop(size_t gateway) {
   for (;;) {
-    auto st = registerOnce();
+    auto st = registerWith(gateway);
     if (!st.ok()) {
-      // Expected while the gateway restarts: say it once per outage, not every second.
-      if (!warned_.exchange(true))
+      // Expected while a gateway restarts, and for good once its node died: said once per outage.
+      if (!warned_[gateway].exchange(true))
         DSEC_LOG(kWarn, kLog) << "registering " << options_.name << ": " << st.error().message();
-    } else if (warned_.exchange(false)) {
-      DSEC_LOG(kInfo, kLog) << "node " << options_.name << " registered with " << options_.gateway << " again";
+    } else if (warned_[gateway].exchange(false)) {
+      DSEC_LOG(kInfo, kLog) << "node " << options_.name << " registered with " << options_.gateways[gateway]
+                            << " again";
     }
     std::unique_lock lock(mu_);
     if (cv_.wait_for(lock, std::chrono::duration<double>(options_.interval_seconds), [this] { return stopping_; })) {
@@ -232,7 +250,7 @@ int64_t NodeRegistrar::drain(double timeout_seconds) {
     std::lock_guard lock(mu_);
     draining_ = true;
   }
-  (void)registerOnce();  // tells the gateway at once
+  (void)registerOnce();  // tells the gateways at once
   double end = monotonicSeconds() + timeout_seconds;
   int64_t left = ownSandboxCount();
   while (left != 0 && monotonicSeconds() < end) {
@@ -247,7 +265,9 @@ void NodeRegistrar::deregister() {
   client::CallOptions o;
   o.connect_timeout_ms = 1000;
   o.io_timeout_ms = 2000;
-  (void)client::call(options_.gateway, http::verb::delete_, "/v1/fleet/nodes/" + options_.name, options_.token, "", o);
+  for (const auto& gateway : options_.gateways) {
+    (void)client::call(gateway, http::verb::delete_, "/v1/fleet/nodes/" + options_.name, options_.token, "", o);
+  }
 }
 
 }  // namespace dsec::launcher::fleet

@@ -38,17 +38,35 @@ Result<client::HttpReply> Gateway::createOnNode(const NodeRef& ref, const std::s
                             callOptions(ref, kCreateTimeoutMs));
   if (!reply.ok() || reply->status != 404 || session.empty()) return reply;
   // A node that joined after the session was created does not know it yet: create it there, then retry.
-  std::string session_params;
-  {
-    std::lock_guard lock(mu_);
-    if (auto it = sessions_.find(session); it != sessions_.end()) session_params = it->second;
-  }
+  std::string session_params = sessionParams(session, ref.name);
   if (session_params.empty()) return reply;
   auto put = client::call(ref.endpoint, http::verb::put, "/v1/sessions/" + session, options_.token, session_params,
                           callOptions(ref, kSessionPutTimeoutMs));
   if (!put.ok() || put->status != 200) return reply;
   return client::call(ref.endpoint, http::verb::post, "/v1/sandboxes", options_.token, body,
                       callOptions(ref, kCreateTimeoutMs));
+}
+
+std::string Gateway::sessionParams(const std::string& session, const std::string& except_node) {
+  {
+    std::lock_guard lock(mu_);
+    if (auto it = sessions_.find(session); it != sessions_.end()) return it->second;
+  }
+  // The session was made through another gateway (they are active-active and keep no shared state): the nodes
+  // that know it hold its lease and retention.
+  for (const auto& n : liveNodes()) {
+    if (n.name == except_node) continue;
+    auto got = client::call(n.endpoint, http::verb::get, "/v1/sessions/" + session, options_.token, "",
+                            callOptions(n, kSessionPutTimeoutMs));
+    if (!got.ok() || got->status != 200) continue;
+    auto j = got->json();
+    if (!j.is_object() || !j.contains("lease") || !j.contains("retention")) continue;
+    std::string params = json{{"lease", j["lease"]}, {"retention", j["retention"]}}.dump();
+    std::lock_guard lock(mu_);
+    sessions_[session] = params;
+    return params;
+  }
+  return "";
 }
 
 std::string Gateway::whyNodeRefused(const NodeRef& ref, const Result<client::HttpReply>& reply) {

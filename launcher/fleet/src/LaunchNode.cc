@@ -148,8 +148,22 @@ Result<RunningNode> startLaunchNode(const LaunchOptions& options, const std::str
   return r;
 }
 
-RegistrarOptions registrarOptions(const std::string& gateway, const std::string& token, const RunningNode& node) {
-  return {gateway, token, node.name, node.endpoint, node.capacity.cpus, node.capacity.memory_bytes, 1.0};
+RegistrarOptions registrarOptions(const std::vector<std::string>& gateways, const std::string& token,
+                                  const RunningNode& node) {
+  return {gateways, token, node.name, node.endpoint, node.capacity.cpus, node.capacity.memory_bytes, 1.0};
+}
+
+std::vector<std::string> fleetFileGateways(const json& fleetfile) {
+  std::vector<std::string> out;
+  if (fleetfile.contains("endpoints") && fleetfile["endpoints"].is_array()) {
+    for (const auto& e : fleetfile["endpoints"]) {
+      if (e.is_string() && !e.get<std::string>().empty()) out.push_back(e.get<std::string>());
+    }
+  }
+  if (out.empty() && fleetfile.contains("endpoint") && fleetfile["endpoint"].is_string()) {
+    out.push_back(fleetfile["endpoint"].get<std::string>());
+  }
+  return out;
 }
 
 void runUntilStopped(RunningNode& node, NodeRegistrar& registrar) {
@@ -176,24 +190,33 @@ int runJoin(const LaunchOptions& options) {
     return 1;
   }
   auto fleetfile = json::parse(*text, nullptr, false);
-  if (!fleetfile.is_object() || !fleetfile.contains("endpoint") || !fleetfile.contains("token")) {
+  // Every gateway candidate (a fleet that lost rank 0 still has the others); the first names the address to
+  // advertise towards.
+  std::vector<std::string> gateways = fleetfile.is_object() ? fleetFileGateways(fleetfile) : std::vector<std::string>{};
+  if (gateways.empty() || !fleetfile.contains("token") || !fleetfile["token"].is_string()) {
     DSEC_LOG(kError, kLog) << "--join " << fleet_name << ": " << fleetFilePath(fleet_name) << " has no endpoint/token";
     return 1;
   }
-  std::string gateway = fleetfile["endpoint"].get<std::string>();
   std::string token = fleetfile["token"].get<std::string>();
-  auto ep = parseEndpoint(gateway);
+  auto ep = parseEndpoint(gateways.front());
   if (!ep.ok()) {
     DSEC_LOG(kError, kLog) << ep.error().message();
     return 1;
   }
   (void)installStopSignals();
-  auto node = startLaunchNode(options, token, ep->host);
+  LaunchOptions joining = options;
+  // The fleet's job still runs (its gateway answers): sandboxes it left on this node directory (a rank that
+  // died) are taken over, and this job's epilog destroys them; those of any other job are reaped.
+  std::string fleet_job = fleetfile.value("slurm_job", "");
+  if (!fleet_job.empty() && fleet_job != joining.serve.node.slurm_job) {
+    joining.serve.node.adopt_jobs.push_back(fleet_job);
+  }
+  auto node = startLaunchNode(joining, token, ep->host);
   if (!node.ok()) {
     DSEC_LOG(kError, kLog) << "starting the node: " << node.error().message();
     return 1;
   }
-  NodeRegistrar registrar(registrarOptions(gateway, token, *node));
+  NodeRegistrar registrar(registrarOptions(gateways, token, *node));
   if (auto st = registrar.registerOnce(); !st.ok()) {
     DSEC_LOG(kError, kLog) << "joining fleet " << fleet_name << ": " << st.error().message();
     node->node->stop(true);

@@ -36,6 +36,8 @@ void addFleetFlags(po::options_description& desc, LaunchOptions* o) {
   add("node-port", po::value<int>(&o->node_port)->default_value(o->node_port), "this node's API port (0: a free one)");
   add("port", po::value<int>(&o->port)->default_value(o->port),
       "the gateway's port (0: a free one, kept across gateway restarts)");
+  add("gateways", po::value<int>(&o->gateways)->default_value(o->gateways),
+      "how many ranks (0..K-1) run a gateway; clients fail over between them");
   add("join", po::value<std::string>(&o->join), "add this job's nodes to the running fleet NAME (no MPI)");
   add("drain-timeout", po::value<double>(&o->drain_timeout)->default_value(o->drain_timeout),
       "seconds a leaving --join node lets its sandboxes finish");
@@ -85,6 +87,7 @@ Status checkFleetFlags(const LaunchOptions& o) {
   auto bad = [](const std::string& flag, const std::string& what) { return Error::invalid("--" + flag + " " + what); };
   if (o.node_port < 0 || o.node_port > 65535) return bad("node-port", "wants 0..65535");
   if (o.port < 0 || o.port > 65535) return bad("port", "wants 0..65535");
+  if (o.gateways < 1 || o.gateways > 16) return bad("gateways", "wants 1..16");
   if (!std::isfinite(o.drain_timeout) || o.drain_timeout < 0) return bad("drain-timeout", "must be >= 0 seconds");
   if (!std::isfinite(o.lost_after) || o.lost_after < 0.5) return bad("lost-after", "must be >= 0.5 seconds");
   if (o.gateway_only && o.gateway_config.empty()) return Error::invalid("--gateway-only wants --gateway-config FILE");

@@ -94,6 +94,7 @@ Result<std::unique_ptr<NodeAgent>> NodeAgent::start(const NodeOptions& options, 
   std::unique_ptr<NodeAgent> agent(new NodeAgent(options, metrics, std::move(parts)));
   agent->node_memory_bytes_ = options.memory_capacity_bytes > 0 ? options.memory_capacity_bytes : physicalMemory();
   if (auto st = agent->state_->prepare(); !st.ok()) return st.error();
+  DSEC_TRY(agent->claimDirectory());
   agent->checkBackend();
   agent->sessions_ = std::make_unique<SessionTable>(options.root + "/state/sessions");
   agent->cpu_ = std::make_unique<CpuAllocator>(CpuAllocatorOptions{
@@ -153,21 +154,33 @@ void NodeAgent::shutdown(bool destroy_sandboxes) {
     none_left = sandboxes_.empty();
     sandboxes_.clear();
   }
-  if (none_left) removeEmptyCgroupParent();
+  if (none_left) removeEmptyCgroupParent(cgroup_parent_);
+  // The job's claim stays for its epilog even when no sandbox is left: the layer mounts go only when the
+  // image source does, and a rank killed soon after SIGTERM (mpirun does that) never gets there.
+  // Done with the directory: the next agent (or the job's epilog) may take it.
+  dir_lock_ = StateDirLock();
 }
 
-void NodeAgent::removeEmptyCgroupParent() {
-  // The backend creates <hierarchy>/<parent> on demand; with no sandbox left it is an empty directory per
-  // hierarchy. rmdir only succeeds on an empty cgroup, so a sandbox of another agent is never touched.
-  const std::string& parent = cgroup_parent_;
-  if (parent.empty() || parent.find('/') != std::string::npos) return;
-  (void)::rmdir(("/sys/fs/cgroup/" + parent).c_str());
-  auto listed = listDirectory("/sys/fs/cgroup");
-  const auto* hierarchies = listed.ifOk();  // (shutdown runs from the destructor: nothing here may throw)
-  if (hierarchies == nullptr) return;
-  for (const auto& h : *hierarchies) {
-    if (h.name[0] != '.') (void)::rmdir(("/sys/fs/cgroup/" + h.name + "/" + parent).c_str());
+Status NodeAgent::claimDirectory() {
+  // Simulated parts keep no records and run nothing: nothing to hold and nothing for an epilog.
+  if (!backend_has_cgroups_) return okStatus();
+  auto lock = StateDirLock::acquire(options_.root, options_.slurm_job);
+  if (!lock.ok()) return lock.error().wrap("another agent (or a job's epilog) holds this node directory");
+  dir_lock_ = std::move(*lock);
+  char resolved[PATH_MAX];
+  JobClaim claim;
+  claim.job = options_.slurm_job;
+  claim.host = currentHostName();
+  claim.node = options_.node_name;
+  claim.state_dir = ::realpath(options_.root.c_str(), resolved) ? std::string(resolved) : options_.root;
+  claim.cgroup_parent = cgroup_parent_;
+  claim.pid = ::getpid();
+  dropOtherJobsClaims(options_.job_registry_dir, claim);
+  if (options_.slurm_job.empty()) return okStatus();
+  if (auto st = registerJobClaim(options_.job_registry_dir, claim); !st.ok()) {
+    return st.error().wrap("recording what Slurm job " + claim.job + " owns here, for its epilog");
   }
+  return okStatus();
 }
 
 std::vector<std::shared_ptr<SandboxRecord>> NodeAgent::sampleRegistry(
@@ -206,6 +219,7 @@ Status NodeAgent::persist(SandboxRecord& rec) {
   record.paused_by = paused ? rec.paused_by : PausedBy::kNone;
   record.backend_state = rec.sandbox->persistentState();
   if (cpu_) record.cpuset = cpu_->bookingOf(rec.id).cpuset;  // to book the same cores again after a restart
+  record.slurm_job = options_.slurm_job;
   return state_->save(record);
 }
 

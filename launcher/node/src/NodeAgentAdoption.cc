@@ -1,4 +1,5 @@
 // The node agent at start-up: re-adopting the sandboxes its records name and reaping what no record accounts for.
+#include <algorithm>
 #include <set>
 
 #include "dsec/common/Logging.h"
@@ -36,6 +37,11 @@ Status NodeAgent::adoptAll() {
   return okStatus();
 }
 
+bool NodeAgent::ownedByThisJob(const std::string& slurm_job) const {
+  if (slurm_job == options_.slurm_job) return true;
+  return std::find(options_.adopt_jobs.begin(), options_.adopt_jobs.end(), slurm_job) != options_.adopt_jobs.end();
+}
+
 bool NodeAgent::adoptOne(StoredState& entry) {
   const std::string& id = entry.id;
   std::string why;
@@ -43,6 +49,14 @@ bool NodeAgent::adoptOne(StoredState& entry) {
   std::unique_ptr<backends::Sandbox> sandbox;
   if (!entry.record.ok()) {
     why = entry.record.error().message();
+  } else if (!ownedByThisJob(entry.record->slurm_job)) {
+    // Another job's, which ended without its epilog cleaning up (or never had one): its sandboxes end with it.
+    DSEC_LOG(kWarn, kLog) << "sandbox " << id << " belongs to "
+                          << (entry.record->slurm_job.empty() ? "no Slurm job" : "Slurm job " + entry.record->slurm_job)
+                          << ", not to this agent's "
+                          << (options_.slurm_job.empty() ? "(none)" : "job " + options_.slurm_job)
+                          << ": reaping it instead of adopting it";
+    why = "owned by another job";
   } else if (auto m = images_->acquire(entry.record->params.layers); !m.ok()) {
     why = m.error().toString();
   } else if (auto sb = backend_->adopt(entry.record->backend_state); !sb.ok()) {
@@ -79,6 +93,12 @@ bool NodeAgent::adoptOne(StoredState& entry) {
   }
   if (auto st = cpu_->readopt(id, rec->params.qos, rec->params.cpus, record.cpuset); !st.ok()) {
     DSEC_LOG(kWarn, kLog) << "re-adopted " << id << " without its cores: " << st.error().toString();
+  }
+  if (record.slurm_job != options_.slurm_job) {
+    // Taken over from another running job (adopt_jobs): from now on this job owns it and its epilog destroys it.
+    DSEC_LOG(kInfo, kLog) << "took sandbox " << id << " over from Slurm job " << record.slurm_job;
+    std::lock_guard sandbox_lock(rec->mu);
+    if (auto st = persist(*rec); !st.ok()) DSEC_LOG(kWarn, kLog) << "saving " << id << ": " << st.error().toString();
   }
   return true;
 }

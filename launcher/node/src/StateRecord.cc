@@ -71,6 +71,7 @@ Result<SandboxStateRecord> fromVersion1(const json& j) {
   r.paused_by = by.empty() ? PausedBy::kNone : parsePausedBy(by);
   r.backend_state = j.value("backend_state", json::object());
   r.cpuset = stringOrEmpty(j, "cpuset");
+  r.slurm_job = stringOrEmpty(j, "slurm_job");
   return r;
 }
 
@@ -103,7 +104,8 @@ std::string encodeStateRecord(const SandboxStateRecord& r) {
          {"params", paramsRecordJson(r.params)},
          {"paused_by", r.paused_by == PausedBy::kNone ? json(nullptr) : json(pausedByName(r.paused_by))},
          {"backend_state", r.backend_state},
-         {"cpuset", r.cpuset.empty() ? json(nullptr) : json(r.cpuset)}};
+         {"cpuset", r.cpuset.empty() ? json(nullptr) : json(r.cpuset)},
+         {"slurm_job", r.slurm_job.empty() ? json(nullptr) : json(r.slurm_job)}};
   return j.dump();
 }
 

@@ -404,6 +404,7 @@ TEST(StateRecord, RoundTripsEveryField) {
   r.paused_by = PausedBy::kDensity;
   r.backend_state = {{"pid", 7}};
   r.cpuset = "2-3";
+  r.slurm_job = "4242";
   auto back = decodeStateRecord(encodeStateRecord(r));
   ASSERT_OK(back);
   EXPECT_EQ(back->id, r.id);
@@ -419,6 +420,12 @@ TEST(StateRecord, RoundTripsEveryField) {
   EXPECT_EQ(back->paused_by, PausedBy::kDensity);
   EXPECT_EQ(back->backend_state["pid"], 7);
   EXPECT_EQ(back->cpuset, "2-3");
+  EXPECT_EQ(back->slurm_job, "4242");
+  // A record without an owner (outside Slurm, or written before records named their job).
+  r.slurm_job.clear();
+  auto unowned = decodeStateRecord(encodeStateRecord(r));
+  ASSERT_OK(unowned);
+  EXPECT_EQ(unowned->slurm_job, "");
   ASSERT_ERROR(decodeStateRecord("[]"), ErrorCode::kInvalidArgument);
   ASSERT_ERROR(decodeStateRecord(R"({"version": 1, "id": "x"})"), ErrorCode::kInvalidArgument);
 }

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "dsec/common/Result.h"
 
@@ -15,9 +16,11 @@ Result<std::string> loadOrCreateToken(const std::string& root);
 Status validateFleetName(const std::string& name);
 // $HOME/.dsec/fleets/<name>.json (HOME from the environment, else the passwd entry).
 std::string fleetFilePath(const std::string& name);
-// Writes {"endpoint","token","fleet","node","root"} atomically, dirs 0700, file 0600.
-Status writeFleetFile(const std::string& name, const std::string& endpoint, const std::string& token,
-                      const std::string& node, const std::string& root);
+// Writes {"endpoint","endpoints","token","fleet","node","root"} and, inside a Slurm job, "slurm_job" (the job
+// that owns the fleet) atomically, dirs 0700, file 0600. "endpoints" are the gateways in the order clients try
+// them; "endpoint" is the first (for readers that know one). An empty list is refused.
+Status writeFleetFile(const std::string& name, const std::vector<std::string>& endpoints, const std::string& token,
+                      const std::string& node, const std::string& root, const std::string& slurm_job = "");
 // Removes the fleet file only if it still names `endpoint` (another node may have replaced it).
 void removeFleetFileIfOurs(const std::string& name, const std::string& endpoint);
 

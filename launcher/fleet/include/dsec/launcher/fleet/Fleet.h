@@ -7,6 +7,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -32,17 +33,18 @@ Status forward(HttpExchange& ex, const std::string& endpoint, const std::string&
                const client::CallOptions& options, const std::string* pre_read_body = nullptr, int hold_back_status = 0,
                std::optional<client::HttpReply>* held_back = nullptr);
 
-// A node's registration with the gateway: POST /v1/fleet/nodes every `interval` seconds with its name,
-// endpoint, capacity, and from its own GET /v1/node its backends, sandbox count and admission state (what its
-// density controller admits by), so the gateway places as the node admits and a restarted gateway relearns the
-// fleet within one interval. drain() tells the gateway to place nothing more here and waits until the node's
-// sandboxes are gone (or the timeout), then deregisters.
+// A node's registration with the fleet's gateways (every candidate; they are active-active and each keeps its
+// own node table): POST /v1/fleet/nodes to each every `interval` seconds, one thread per gateway so that a dead
+// one never delays the others, with its name, endpoint, capacity, and from its own GET /v1/node its backends,
+// sandbox count and admission state (what its density controller admits by), so every gateway places as the node
+// admits and a restarted gateway relearns the fleet within one interval. drain() tells the gateways to place
+// nothing more here and waits until the node's sandboxes are gone (or the timeout), then deregisters.
 struct RegistrarOptions {
-  std::string gateway;   // gateway endpoint
-  std::string token;     // fleet token
-  std::string name;      // node name
-  std::string endpoint;  // node API endpoint reachable from the gateway
-  double cpus = 0;       // capacity (hwloc)
+  std::vector<std::string> gateways;  // gateway endpoints (candidates, in the fleet file's order)
+  std::string token;                  // fleet token
+  std::string name;                   // node name
+  std::string endpoint;               // node API endpoint reachable from the gateways
+  double cpus = 0;                    // capacity (hwloc)
   int64_t memory_bytes = 0;
   double interval_seconds = 1.0;
 };
@@ -55,19 +57,20 @@ class NodeRegistrar {
   NodeRegistrar& operator=(const NodeRegistrar&) = delete;
 
   void start();
-  // One registration now (also what the background thread does). The gateway's answer says whether the node
-  // is draining (an operator drained it).
+  // One registration now with every gateway (also what the background threads do); ok when at least one took
+  // it. A gateway's answer says whether the node is draining (an operator drained it there).
   Status registerOnce();
-  // Marks the node draining at the gateway and waits until it has no sandboxes or timeout_seconds passed;
-  // returns the number of sandboxes left. Stops the heartbeat.
+  // Marks the node draining at the gateways and waits until it has no sandboxes or timeout_seconds passed;
+  // returns the number of sandboxes left.
   int64_t drain(double timeout_seconds);
-  // Removes the node from the gateway's table (best effort) and stops the heartbeat.
+  // Removes the node from the gateways' tables (best effort) and stops the heartbeat.
   void deregister();
   void stop();
   bool drainRequested() const { return drain_requested_.load(); }
 
  private:
-  void loop();
+  void loop(size_t gateway);
+  Status registerWith(size_t gateway);
   nlohmann::json registration(bool draining);
   int64_t ownSandboxCount();
 
@@ -77,8 +80,8 @@ class NodeRegistrar {
   bool stopping_ = false;
   bool draining_ = false;
   std::atomic<bool> drain_requested_{false};
-  std::atomic<bool> warned_{false};
-  std::thread thread_;
+  std::unique_ptr<std::atomic<bool>[]> warned_;  // per gateway: an outage is logged once
+  std::vector<std::thread> threads_;
 };
 
 }  // namespace dsec::launcher::fleet

@@ -130,6 +130,9 @@ class Gateway : public RequestHandler {
   // POST /v1/sandboxes on the node; a 404 for a session the node has not heard of creates the session there
   // and tries once more.
   Result<client::HttpReply> createOnNode(const NodeRef& ref, const std::string& body, const std::string& session);
+  // The lease and retention of a session (a PUT body): as seen in a PUT/attach here, else from a live node other
+  // than except_node that knows it (the session came through another gateway). "" when none knows it.
+  std::string sessionParams(const std::string& session, const std::string& except_node);
   // Why a failed or full node is passed over, for the 429 if no node takes the sandbox.
   std::string whyNodeRefused(const NodeRef& ref, const Result<client::HttpReply>& reply);
   void noteCreated(const std::string& node);

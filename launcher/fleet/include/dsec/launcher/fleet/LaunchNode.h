@@ -4,7 +4,9 @@
 
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "dsec/common/Result.h"
 #include "dsec/launcher/api/Serve.h"
@@ -40,7 +42,10 @@ struct RunningNode {
 // listening on the advertised address (towards `peer`) and --node-port.
 Result<RunningNode> startLaunchNode(const LaunchOptions& options, const std::string& token, const std::string& peer);
 
-RegistrarOptions registrarOptions(const std::string& gateway, const std::string& token, const RunningNode& node);
+RegistrarOptions registrarOptions(const std::vector<std::string>& gateways, const std::string& token,
+                                  const RunningNode& node);
+// The gateway candidates a fleet file names: "endpoints" in order, else its one "endpoint".
+std::vector<std::string> fleetFileGateways(const nlohmann::json& fleetfile);
 
 // Serves until a stop signal; a node drained at the gateway leaves the fleet once empty.
 void runUntilStopped(RunningNode& node, NodeRegistrar& registrar);

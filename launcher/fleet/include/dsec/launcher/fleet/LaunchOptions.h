@@ -20,6 +20,9 @@ struct LaunchOptions {
   std::string address;    // advertised address (default: the interface that routes to srun's host)
   int node_port = 0;
   int port = 0;  // gateway port (0: a free one, kept across gateway restarts)
+  // Gateway candidates: ranks 0..min(N, gateways)-1 each run a gateway (active-active), so the fleet outlives
+  // rank 0's node; the fleet file lists them in rank order.
+  int gateways = 3;
   std::string join;
   double drain_timeout = 30;
   bool no_mpi = false;

@@ -19,6 +19,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -30,6 +31,7 @@
 #include "dsec/launcher/node/CreateParams.h"
 #include "dsec/launcher/node/DensityLoop.h"
 #include "dsec/launcher/node/Infos.h"
+#include "dsec/launcher/node/JobOwnership.h"
 #include "dsec/launcher/node/Metrics.h"
 #include "dsec/launcher/node/NodeFncall.h"
 #include "dsec/launcher/node/NodeParts.h"
@@ -65,6 +67,13 @@ struct NodeOptions {
   // kernels without user namespaces or idmapped mounts: sandbox root is then host root; logged and shown in
   // /v1/node and `dsec doctor`.
   bool user_namespaces = true;
+  // The Slurm job the agent runs in ("" outside Slurm; the programs pass SLURM_JOB_ID). It owns the sandboxes the
+  // agent makes or re-adopts, and its epilog destroys them (JobOwnership.h). At start, records of any other job
+  // are reaped, not adopted, except those of adopt_jobs: other jobs, still running, whose sandboxes this agent
+  // takes over (a --join agent: the fleet's job).
+  std::string slurm_job;
+  std::vector<std::string> adopt_jobs;
+  std::string job_registry_dir = kJobRegistryDir;  // where the job's claim is left for its epilog
 };
 
 class CpuAllocator;
@@ -176,7 +185,9 @@ class NodeAgent : private DensityHost {
   std::string expiryReasonLocked(SandboxRecord& rec, double now_wall, double now_mono);
   // destroy() when due(rec), called under the record's lock, names a reason; kConflict when it names none.
   Status destroyIfDue(const std::string& id, const std::function<std::string(SandboxRecord&)>& due);
-  void removeEmptyCgroupParent();
+  // Holds the node directory and, inside a Slurm job, leaves the job's claim for its epilog.
+  Status claimDirectory();
+  bool ownedByThisJob(const std::string& slurm_job) const;
   std::shared_ptr<SandboxRecord> find(const std::string& id);
   Status persist(SandboxRecord& record);
   // The steps of a create (NodeAgent.cc). A slot counts the create against max_sandboxes while it runs; it is
@@ -192,6 +203,7 @@ class NodeAgent : private DensityHost {
 
   NodeOptions options_;
   Metrics* metrics_;
+  StateDirLock dir_lock_;  // real parts only; released when the agent shuts down
   int64_t node_memory_bytes_ = 0;
   std::unique_ptr<ImageSource> images_;
   std::unique_ptr<StateStore> state_;

@@ -23,7 +23,9 @@ std::string_view pausedByName(PausedBy by);
 // The inverse; an unknown name is kUser (a paused sandbox stays paused until someone resumes it).
 PausedBy parsePausedBy(std::string_view name);
 
-// Version 1: {"version": 1, "id", "created_unix", "params": {...}, "paused_by", "backend_state", "cpuset"}.
+// Version 1: {"version": 1, "id", "created_unix", "params": {...}, "paused_by", "backend_state", "cpuset",
+// "slurm_job"}; "slurm_job" (the Slurm job that owns the sandbox, null outside Slurm) is optional: records of
+// earlier nodes have none.
 // Version 0 (no "version"): the flat format of earlier nodes, the API's sandbox info; still read.
 constexpr int kStateRecordVersion = 1;
 
@@ -34,6 +36,9 @@ struct SandboxStateRecord {
   PausedBy paused_by = PausedBy::kNone;                     // kNone: running when written
   nlohmann::json backend_state = nlohmann::json::object();  // the backend's persistentState(), opaque here
   std::string cpuset;  // a latency sandbox's dedicated cores, to book again ("" none)
+  // The Slurm job whose agent holds the sandbox ("" outside Slurm): its epilog destroys the sandbox, and an
+  // agent of another job never silently re-adopts it (docs/fleet.md, "Which job owns what").
+  std::string slurm_job;
 };
 
 std::string encodeStateRecord(const SandboxStateRecord& record);
