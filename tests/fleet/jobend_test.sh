@@ -271,7 +271,7 @@ t_nodefail() {
     # same script without --no-kill. --no-requeue: a batch job is otherwise requeued (and starts again with the
     # same id) after a node failure.
     sed -e '/^#SBATCH --no-kill/d' -e 's/ --no-kill / /' "$REPO/slurm-configs/rollout-fleet.sbatch" >"$WORK/killable-fleet.sbatch"
-    grep -c -- '--no-kill' "$WORK/killable-fleet.sbatch" >/dev/null && fail "could not take --no-kill out of rollout-fleet.sbatch"
+    grep -Ec -- '^(#SBATCH|[^#]).*--no-kill' "$WORK/killable-fleet.sbatch" >/dev/null && fail "could not take --no-kill out of rollout-fleet.sbatch"
     start_fleet --no-requeue "$WORK/killable-fleet.sbatch"
     make_sandboxes
     local first=$JOB p
