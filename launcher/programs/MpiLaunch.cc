@@ -112,9 +112,8 @@ Result<json> exchangeNodes(const World& w, const Result<RunningNode>& node) {
 
 // 4. Ranks 0..K-1: a gateway process each (the candidates), from a config file in the node's state dir. Returns
 // the gateway's URL ("" if it did not start).
-std::string startGateway(const LaunchOptions& options, const std::string& fleet_dir,
-                         const std::string& token, const json& nodes,
-                         std::unique_ptr<fleet::GatewaySupervisor>* supervisor) {
+std::string startGateway(const LaunchOptions& options, const std::string& fleet_dir, const std::string& token,
+                         const json& nodes, std::unique_ptr<fleet::GatewaySupervisor>* supervisor) {
   const std::string& fleet_name = options.serve.node.fleet_name;
   fleet::GatewayProcessConfig config;
   config.fleet_name = fleet_name;

@@ -8,7 +8,8 @@
 #   jobend_test.sh timelimit  the job runs out of time (TimeLimit cut to 1 minute, Slurm's smallest, with scontrol)
 #   jobend_test.sh sigkill    the agents of n2 and n3 are SIGKILLed, one is restarted inside the same job (it
 #                             re-adopts its sandboxes), then scancel: the epilog (spank_dsec.so) destroys the rest
-#   jobend_test.sh nodefail   n3's agent and slurmd SIGKILLed and n3 set DOWN (Slurm ends the job: NODE_FAIL);
+#   jobend_test.sh nodefail   (the fleet script without --no-kill) n3's agent and slurmd SIGKILLed and n3 set
+#                             DOWN (Slurm ends the job: NODE_FAIL);
 #                             n3 "reboots" (its /run claims are removed, its slurmd started again), so its
 #                             epilog finds nothing: the sandboxes left on n3 are reaped, with a log line, by the
 #                             next fleet job on the same root, which adopts none of them
@@ -265,8 +266,13 @@ EOF
 }
 
 t_nodefail() {
-    # --no-requeue: a batch job is otherwise requeued (and starts again with the same id) after a node failure.
-    start_fleet --no-requeue "$REPO/slurm-configs/rollout-fleet.sbatch"
+    # rollout-fleet.sbatch asks for --no-kill, so a failed node does not end the fleet (tested by fleet_test.sh
+    # failover). A site whose fleet script does not, or a node failure Slurm ends the job for, is this case: the
+    # same script without --no-kill. --no-requeue: a batch job is otherwise requeued (and starts again with the
+    # same id) after a node failure.
+    sed -e '/^#SBATCH --no-kill/d' -e 's/ --no-kill / /' "$REPO/slurm-configs/rollout-fleet.sbatch" >"$WORK/killable-fleet.sbatch"
+    grep -Ec -- '^(#SBATCH|[^#]).*--no-kill' "$WORK/killable-fleet.sbatch" >/dev/null && fail "could not take --no-kill out of rollout-fleet.sbatch"
+    start_fleet --no-requeue "$WORK/killable-fleet.sbatch"
     make_sandboxes
     local first=$JOB p
     p=$(rank_pid n3)

@@ -88,8 +88,12 @@ Status writeFleetFile(const std::string& name, const std::vector<std::string>& e
   std::string path = fleetFilePath(name);
   std::string dir = path.substr(0, path.rfind('/'));
   DSEC_TRY(makePrivateDir(dir));
-  nlohmann::json j = {{"endpoint", endpoints.front()}, {"endpoints", endpoints}, {"token", token},
-                      {"fleet", name},           {"node", node},           {"root", root}};
+  nlohmann::json j = {{"endpoint", endpoints.front()},
+                      {"endpoints", endpoints},
+                      {"token", token},
+                      {"fleet", name},
+                      {"node", node},
+                      {"root", root}};
   if (!slurm_job.empty()) j["slurm_job"] = slurm_job;  // a --join agent takes over this job's sandboxes
   return writeFileAtomic(path, j.dump(2) + "\n", 0600);
 }
