@@ -13,12 +13,11 @@ A gateway that does not know fleet routes (a single ``dsec serve``) answers 404:
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from typing import Any, Dict, Optional, Tuple
 
-from ._http import _DEFAULT, Body, ConnectFailedError, Query, Response, Transport
+from ._http import _DEFAULT, Body, ConnectFailedError, Query, Response, Transport, call_json
 from .errors import AuthError, DsecError, NotFoundError
 
 _REFRESH_SECONDS = 3.0  # the node table is fetched again at most this often
@@ -137,9 +136,4 @@ class SandboxRoute:
 
     def call(self, method: str, path: str, query: Optional[Query] = None, payload: Any = None,
              timeout: Any = _DEFAULT) -> Any:
-        body = None
-        headers = None
-        if payload is not None:
-            body = json.dumps(payload).encode("utf-8")
-            headers = {"Content-Type": "application/json"}
-        return self.request(method, path, query, body, headers, timeout).json()
+        return call_json(self.request, method, path, query, payload, timeout)

@@ -21,7 +21,7 @@ import os
 import select
 import socket
 import threading
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 from urllib.parse import quote, urlsplit
 
 from .errors import DsecConnectionError, DsecError, DsecTimeoutError, ServerError, error_from_response
@@ -335,12 +335,7 @@ class Transport:
     def call(self, method: str, path: str, query: Optional[Query] = None, payload: Any = None,
              timeout: Any = _DEFAULT) -> Any:
         """A JSON request/response round trip."""
-        body = None
-        headers = None
-        if payload is not None:
-            body = json.dumps(payload).encode("utf-8")
-            headers = {"Content-Type": "application/json"}
-        return self.request(method, path, query, body, headers, timeout).json()
+        return call_json(self.request, method, path, query, payload, timeout)
 
 
 def iter_lines(response: Response) -> Iterable[bytes]:
@@ -349,3 +344,14 @@ def iter_lines(response: Response) -> Iterable[bytes]:
         if not line:
             return
         yield line
+
+
+def call_json(request: Callable[..., "Response"], method: str, path: str, query: Optional[Query], payload: Any,
+              timeout: Any) -> Any:
+    """A JSON request/response round trip through `request` (a transport's request method)."""
+    body = None
+    headers = None
+    if payload is not None:
+        body = json.dumps(payload).encode("utf-8")
+        headers = {"Content-Type": "application/json"}
+    return request(method, path, query, body, headers, timeout).json()

@@ -26,16 +26,7 @@
 # Exit 77 = cannot run here. Environment: DSEC_LAUNCH (the dsec-launch binary).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
-REPO=$(cd "$HERE/../.." && pwd)
-source "$HERE/../slurm/lib.sh"
-
-[ "$(id -u)" = 0 ] || skip_test "the fleet tests need root"
-[ -e "$BASE/skipped" ] && skip_test "$(cat "$BASE/skipped")"
-[ -x "${DSEC_LAUNCH:-}" ] || fail "DSEC_LAUNCH=${DSEC_LAUNCH:-} is not executable (build dsec-launch)"
-[ -r "$BASE/env.sh" ] || skip_test "no Slurm test cluster at $BASE (run the slurm_cluster_start fixture)"
-source "$BASE/env.sh"
-timeout 10 scontrol ping 2>/dev/null | grep -c 'is UP' >/dev/null || skip_test "the Slurm test cluster is not running"
-[ -e "$STORE/layers/testbase/1/layer.erofs" ] || fail "no test layer in $STORE"
+source "$HERE/fleet_lib.sh"
 
 CASE=${1:-fleet}
 FLEET=fleettest$$
@@ -98,10 +89,6 @@ api() {  # METHOD PATH -> body (through $API_ENDPOINT, else the fleet file's fir
 }
 node_states() {  # "n1=healthy n2=healthy ..."
     api GET /v1/fleet/nodes | python3 -c 'import json,sys; print(" ".join(n["name"] + "=" + n["state"] for n in json.load(sys.stdin)["nodes"]))'
-}
-wait_for() {  # seconds what command...
-    local end=$(( $(date +%s) + $1 )) what=$2; shift 2
-    until "$@" >/dev/null 2>&1; do [ "$(date +%s)" -lt "$end" ] || fail "timed out waiting for $what"; sleep 0.3; done
 }
 states_are() { [ "$(node_states)" = "$1" ]; }
 launch_pid() {  # node [gateway] -> pid of that node's dsec-launch rank (or of its gateway process)

@@ -19,16 +19,7 @@
 # of a failed case).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
-REPO=$(cd "$HERE/../.." && pwd)
-source "$HERE/../slurm/lib.sh"
-
-[ "$(id -u)" = 0 ] || skip_test "the fleet tests need root"
-[ -e "$BASE/skipped" ] && skip_test "$(cat "$BASE/skipped")"
-[ -x "${DSEC_LAUNCH:-}" ] || fail "DSEC_LAUNCH=${DSEC_LAUNCH:-} is not executable (build dsec-launch)"
-[ -r "$BASE/env.sh" ] || skip_test "no Slurm test cluster at $BASE (run the slurm_cluster_start fixture)"
-source "$BASE/env.sh"
-timeout 10 scontrol ping 2>/dev/null | grep -c 'is UP' >/dev/null || skip_test "the Slurm test cluster is not running"
-[ -e "$STORE/layers/testbase/1/layer.erofs" ] || fail "no test layer in $STORE"
+source "$HERE/fleet_lib.sh"
 
 CASE=${1:-scancel}
 FLEET=jobend$$
@@ -83,10 +74,6 @@ trap cleanup EXIT
 DSEC=${DSEC_CLI:-$(command -v dsec || true)}
 [ -x "$DSEC" ] || fail "DSEC_CLI=${DSEC_CLI:-} is not executable (build dsec)"
 
-wait_for() {  # seconds what command...
-    local end=$(( $(date +%s) + $1 )) what=$2; shift 2
-    until "$@" >/dev/null 2>&1; do [ "$(date +%s)" -lt "$end" ] || fail "timed out waiting for $what"; sleep 0.3; done
-}
 node_slurmd() {  # node -> pid of its slurmd (fails when there is none)
     local p
     for p in $(ip netns pids "${NET_PREFIX}-$1" 2>/dev/null); do

@@ -7,84 +7,33 @@ lost (NodeLostError, info state "lost"). Simulated nodes (real HTTP API, admissi
 Skipped when DSEC_LAUNCH_BIN is unset (ctest sets it to the built dsec-launch)."""
 
 import asyncio
-import contextlib
 import json
 import os
 import shutil
 import signal
-import subprocess
-import tempfile
 import time
-import urllib.request
 from typing import Dict, List
 
 import pytest
+from local_fleet import LocalProcesses, node_states, read_json
 
 import pydsec
 import pydsec.aio
 
-DEADLINE = 90.0  # seconds; a deadline for a condition, never a fixed wait
-
-
-def _until(what, logs, check, deadline=DEADLINE):
-    end = time.monotonic() + deadline
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > end:
-            tails = []
-            for name, path in logs.items():
-                with contextlib.suppress(OSError), open(path, "rb") as f:
-                    tails.append(f"--- {name}\n" + f.read()[-3000:].decode("utf-8", errors="replace"))
-            pytest.fail(f"{what}: not within {deadline} s\n" + "\n".join(tails))
-        time.sleep(0.05)
-
-
-def _node_states(endpoint: str, token: str) -> Dict[str, str]:
-    req = urllib.request.Request(endpoint + "/v1/fleet/nodes", headers={"Authorization": f"Bearer {token}"})
-    try:
-        with urllib.request.urlopen(req, timeout=5) as r:
-            return {n["name"]: n["state"] for n in json.load(r)["nodes"]}
-    except OSError:
-        return {}
-
-
-def _read_json(path):
-    with contextlib.suppress(OSError, ValueError):
-        with open(path) as f:
-            return json.load(f)
-    return None
-
 
 @pytest.fixture
 def two_gateways(monkeypatch):
-    binary = os.environ.get("DSEC_LAUNCH_BIN")
-    if not binary:
-        pytest.skip("integration test: DSEC_LAUNCH_BIN is not set (ctest sets it to the built dsec-launch)")
-    base = tempfile.mkdtemp(prefix="pydsec-failover-")
-    home = os.path.join(base, "home")
-    os.makedirs(home)
-    env = dict(os.environ, HOME=home)
+    local = LocalProcesses("pydsec-failover-")
     name = f"failover{os.getpid()}"
-    root = os.path.join(base, "root")
+    root = os.path.join(local.base, "root")
     common = ["--simulate", "--root", root, "--address", "127.0.0.1", "--fncall-workers", "0"]
-    procs: Dict[str, subprocess.Popen] = {}
-    logs: Dict[str, str] = {}
-
-    def start(proc_name: str, args: List[str]) -> None:
-        logs[proc_name] = os.path.join(base, f"{proc_name}.log")
-        with open(logs[proc_name], "wb") as log:
-            procs[proc_name] = subprocess.Popen([binary, *args], env=env, stdout=log, stderr=subprocess.STDOUT,
-                                                start_new_session=True)
-
     try:
-        start("g0", ["--no-mpi", "--fleet", name, *common, "--node-name", "g0"])
-        fleet_file = os.path.join(home, ".dsec", "fleets", f"{name}.json")
-        doc = _until("the fleet file", logs, lambda: _read_json(fleet_file))
+        local.start("g0", ["--no-mpi", "--fleet", name, *common, "--node-name", "g0"])
+        fleet_file = local.fleet_file(name)
+        doc = local.until("the fleet file", lambda: read_json(fleet_file))
         assert doc["endpoints"] == [doc["endpoint"]], doc  # dsec-launch lists its gateways
         # Gateway B: its own copies of the token and node table (g0's directory dies with it in spirit).
-        gw_dir = os.path.join(base, "gateway-b")
+        gw_dir = os.path.join(local.base, "gateway-b")
         os.makedirs(gw_dir, mode=0o700)
         for f in ("fleet-token", "fleet-nodes.json"):
             shutil.copy(os.path.join(root, "nodes", "g0", f), os.path.join(gw_dir, f))
@@ -96,32 +45,22 @@ def two_gateways(monkeypatch):
         config_path = os.path.join(gw_dir, "gateway-config.json")
         with open(os.open(config_path, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
             json.dump(config, f)
-        start("gateway-b", ["--gateway-only", "--fleet", name, "--gateway-config", config_path])
-        port = _until("gateway B's port", logs, lambda: (_read_json(config["port_file"]) or None))
+        local.start("gateway-b", ["--gateway-only", "--fleet", name, "--gateway-config", config_path])
+        port = local.until("gateway B's port", lambda: (read_json(config["port_file"]) or None))
         endpoints = [doc["endpoint"], f"http://127.0.0.1:{port}"]
         with open(fleet_file, "w") as f:  # what rank 0 writes for a fleet with two gateway ranks
             json.dump(dict(doc, endpoints=endpoints), f)
-        start("n1", ["--join", name, *common, "--node-name", "n1"])
+        local.start("n1", ["--join", name, *common, "--node-name", "n1"])
         for ep in endpoints:
-            _until(f"g0 and n1 healthy at {ep}", logs,
-                   lambda ep=ep: _node_states(ep, doc["token"]) == {"g0": "healthy", "n1": "healthy"})
-        monkeypatch.setenv("HOME", home)
+            local.until(f"g0 and n1 healthy at {ep}",
+                        lambda ep=ep: node_states(ep, doc["token"]) == {"g0": "healthy", "n1": "healthy"})
+        monkeypatch.setenv("HOME", local.home)
         monkeypatch.setenv("DSEC_FLEET", name)
         monkeypatch.delenv("DSEC_ENDPOINT", raising=False)
         monkeypatch.delenv("DSEC_TOKEN", raising=False)
-        yield {"procs": procs, "logs": logs, "endpoints": endpoints, "token": doc["token"], "name": name}
+        yield {"local": local, "procs": local.procs, "endpoints": endpoints, "token": doc["token"], "name": name}
     finally:
-        for proc_name in ("n1", "gateway-b", "g0"):
-            proc = procs.get(proc_name)
-            if proc is None or proc.poll() is not None:
-                continue
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        shutil.rmtree(base, ignore_errors=True)
+        local.stop(["n1", "gateway-b", "g0"])
 
 
 def test_the_fleet_serves_on_when_the_first_gateways_node_dies(two_gateways):
@@ -159,7 +98,7 @@ def test_the_fleet_serves_on_when_the_first_gateways_node_dies(two_gateways):
                 assert e.node == "g0"
                 return None
 
-        info = _until("g0's sandbox seen as lost", fl["logs"], lost_info)
+        info = fl["local"].until("g0's sandbox seen as lost", lost_info)
         assert info["node"] == "g0" and "node g0 is lost" in info["error"]
         with pytest.raises(pydsec.NodeLostError):
             on_g0.pause()

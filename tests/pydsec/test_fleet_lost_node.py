@@ -5,115 +5,61 @@ sandbox processes). n1 is killed with SIGKILL; pydsec through the gateway must t
 No Slurm. Skipped when DSEC_LAUNCH_BIN is unset (ctest sets it to the built dsec-launch)."""
 
 import asyncio
-import contextlib
-import json
 import os
-import shutil
-import signal
-import subprocess
-import tempfile
-import time
-import urllib.request
 from dataclasses import dataclass
 from typing import Dict, List
 
 import pytest
+from local_fleet import LocalProcesses, node_states, read_json
 
 import pydsec
 import pydsec.aio
-
-DEADLINE = 90.0  # seconds; generous, the machine may be busy (the wait is for a condition, not a fixed time)
 
 
 @dataclass
 class Fleet:
     endpoint: str
     token: str
-    procs: Dict[str, subprocess.Popen]
-    logs: Dict[str, str]
+    local: LocalProcesses
+
+    @property
+    def procs(self):
+        return self.local.procs
 
     def client(self) -> pydsec.Client:
         return pydsec.Client(endpoint=self.endpoint, token=self.token, timeout=30)
 
-    def log_tail(self) -> str:
-        out = []
-        for name, path in self.logs.items():
-            with contextlib.suppress(OSError), open(path, "rb") as f:
-                out.append(f"--- {name}\n" + f.read()[-3000:].decode("utf-8", errors="replace"))
-        return "\n".join(out)
 
-
-def _until(what: str, fleet_or_none, check, deadline: float = DEADLINE):
-    end = time.monotonic() + deadline
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > end:
-            tail = fleet_or_none.log_tail() if fleet_or_none else ""
-            pytest.fail(f"{what}: not within {deadline} s\n{tail}")
-        time.sleep(0.05)
+def _until(what: str, fleet: Fleet, check):
+    return fleet.local.until(what, check)
 
 
 def _node_states(fleet: Fleet) -> Dict[str, str]:
-    req = urllib.request.Request(fleet.endpoint + "/v1/fleet/nodes",
-                                 headers={"Authorization": f"Bearer {fleet.token}"})
-    try:
-        with urllib.request.urlopen(req, timeout=5) as r:
-            return {n["name"]: n["state"] for n in json.load(r)["nodes"]}
-    except OSError:
-        return {}
+    return node_states(fleet.endpoint, fleet.token)
 
 
 @pytest.fixture
 def fleet():
-    binary = os.environ.get("DSEC_LAUNCH_BIN")
-    if not binary:
-        pytest.skip("integration test: DSEC_LAUNCH_BIN is not set (ctest sets it to the built dsec-launch)")
-    base = tempfile.mkdtemp(prefix="pydsec-lost-")
-    home = os.path.join(base, "home")
-    os.makedirs(home)
-    env = dict(os.environ, HOME=home)
+    local = LocalProcesses("pydsec-lost-")
     name = f"lost{os.getpid()}"
-    common = ["--simulate", "--root", os.path.join(base, "root"), "--address", "127.0.0.1", "--fncall-workers", "0"]
-    procs: Dict[str, subprocess.Popen] = {}
-    logs: Dict[str, str] = {}
-
-    def start(node: str, args: List[str]) -> None:
-        logs[node] = os.path.join(base, f"{node}.log")
-        with open(logs[node], "wb") as log:
-            procs[node] = subprocess.Popen([binary, *args, *common, "--node-name", node], env=env, stdout=log,
-                                           stderr=subprocess.STDOUT, start_new_session=True)
-
+    common = ["--simulate", "--root", os.path.join(local.base, "root"), "--address", "127.0.0.1",
+              "--fncall-workers", "0"]
     try:
-        start("g0", ["--no-mpi", "--fleet", name])
-        fleet_file = os.path.join(home, ".dsec", "fleets", f"{name}.json")
+        local.start("g0", ["--no-mpi", "--fleet", name, *common, "--node-name", "g0"])
+        fleet_file = local.fleet_file(name)
 
         def read_fleet_file():
-            if procs["g0"].poll() is not None:
-                pytest.fail(f"dsec-launch exited with {procs['g0'].returncode}:\n{open(logs['g0']).read()[-3000:]}")
-            with contextlib.suppress(OSError, ValueError):
-                with open(fleet_file) as f:
-                    return json.load(f)
-            return None
+            if local.procs["g0"].poll() is not None:
+                pytest.fail(f"dsec-launch exited with {local.procs['g0'].returncode}:\n{local.log_tail()}")
+            return read_json(fleet_file)
 
-        doc = _until("the fleet file", None, read_fleet_file)
-        fl = Fleet(endpoint=doc["endpoint"], token=doc["token"], procs=procs, logs=logs)
-        start("n1", ["--join", name])
+        doc = local.until("the fleet file", read_fleet_file)
+        fl = Fleet(endpoint=doc["endpoint"], token=doc["token"], local=local)
+        local.start("n1", ["--join", name, *common, "--node-name", "n1"])
         _until("n1 healthy in the gateway's node table", fl, lambda: _node_states(fl).get("n1") == "healthy")
         yield fl
     finally:
-        for node in ("n1", "g0"):
-            proc = procs.get(node)
-            if proc is None or proc.poll() is not None:
-                continue
-            proc.send_signal(signal.SIGTERM)  # g0 stops its gateway process too
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        shutil.rmtree(base, ignore_errors=True)
+        local.stop(["n1", "g0"])  # g0 stops its gateway process too
 
 
 def _lost_info(fleet: Fleet, sb: pydsec.Sandbox):
