@@ -32,7 +32,7 @@ int inChild(const std::function<int()>& body) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 100;
 }
 
-TEST(ProcessLimits, TheSoftFileLimitComesUpAndChildrenGetTheOriginalBack) {
+TEST(ProcessLimits, TheSoftFileLimitComesUpAndTheOriginalIsKeptForSandboxes) {
   // A hard limit below fs.nr_open, as a service manager or login shell sets one: soft 64, hard 512.
   int code = inChild([] {
     rlimit low{64, 512};
@@ -83,7 +83,7 @@ TEST(ProcessLimits, ACreateWithoutRoomForItsProcessesIsRefusedNamingTheSysctl) {
       << threads.error().message();
 }
 
-TEST(ProcessLimits, TheHostsPidRoomIsReadWithoutWalkingProcesses) {
+TEST(ProcessLimits, TheHostsPidRoomIsRead) {
   auto room = readPidRoom();
   ASSERT_OK(room);
   EXPECT_GT(room->pid_max, 0);

@@ -109,6 +109,9 @@ api() {  # METHOD PATH -> body
     token=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["token"])' "$FLEET_FILE")
     curl -sS --max-time 10 -X "$1" -H "Authorization: Bearer $token" "$ep$2"
 }
+node_is() {  # node state: the gateway's node table says so
+    api GET /v1/fleet/nodes | python3 -c 'import json,sys; sys.exit(0 if any(n["name"] == sys.argv[1] and n["state"] == sys.argv[2] for n in json.load(sys.stdin)["nodes"]) else 1)' "$1" "$2"
+}
 states_are() {
     [ "$(api GET /v1/fleet/nodes | python3 -c 'import json,sys; print(" ".join(n["name"] + "=" + n["state"] for n in json.load(sys.stdin)["nodes"]))')" = "$1" ]
 }
@@ -172,6 +175,8 @@ for path in sorted(glob.glob(sys.argv[1] + "/nodes/*/state/sandboxes/*.json")):
     print(r["backend_state"]["init_pid"], r["backend_state"]["init_start_time"], r.get("slurm_job"))
 EOF
     grep -vc " $JOB\$" "$WORK/inits-$JOB.txt" >/dev/null && fail "records not owned by job $JOB: $(grep -v " $JOB\$" "$WORK/inits-$JOB.txt")"
+    [ "$(wc -l <"$WORK/inits-$JOB.txt")" = "$(wc -l <"$WORK/sandboxes.txt")" ] ||
+        fail "$(wc -l <"$WORK/inits-$JOB.txt") records for the $(wc -l <"$WORK/sandboxes.txt") sandboxes made: the checks would look at too few inits"
     log "$(wc -l <"$WORK/inits-$JOB.txt") sandboxes of job $JOB on $NODES"
 }
 
@@ -238,6 +243,7 @@ t_sigkill() {
     srun --jobid="$JOB" --overlap -N1 -n1 -w n2 --mpi=none --output="$WORK/restart-n2.out" \
         "$DSEC_LAUNCH" --join "$FLEET" --root "$ROOT" &
     wait_for 30 "n2's restarted agent" grep -c "joined fleet $FLEET" "$WORK/restart-n2.out"
+    wait_for 30 "n2 healthy again at the gateway" node_is n2 healthy
     fleet_py "$WORK/sandboxes.txt" <<'EOF'
 import sys, pydsec
 client = pydsec.Client()
@@ -277,7 +283,8 @@ t_nodefail() {
     # When n3's slurmd comes back, Slurm sends it the job's end again and its epilog runs then. A node that
     # really failed rebooted: its /run (the job's claims) is gone, and with it what the epilog would find; here
     # its sandboxes even kept running. Only the records on the shared root are left to go by.
-    grep -l '"host":"n3"' "$REGISTRY/$first"/*.json | xargs -r rm -f
+    local n3_claims; n3_claims=$(grep -l '"host":"n3"' "$REGISTRY/$first"/*.json) || fail "job $first has no claim of n3"
+    rm -f $n3_claims
     start_slurmd n3
     wait_for 30 "n3's slurmd" node_slurmd n3
     scontrol update nodename=n3 state=resume 2>/dev/null || true

@@ -1,5 +1,6 @@
 // Node restarts: sandboxes outlive the agent and are re-adopted; what cannot be adopted is reaped.
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <thread>
@@ -104,7 +105,7 @@ class JobOwnershipTest : public ApiTest {
     return paren != std::string::npos && paren + 2 < stat->size() && (*stat)[paren + 2] == 'Z';
   }
   static bool gone(pid_t pid) {
-    for (int i = 0; i < 250 && !dead(pid); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    for (int i = 0; i < 3000 && !dead(pid); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
     return dead(pid);
   }
   // Cgroups left under the node's parent, layer mounts left under its root.
@@ -217,7 +218,8 @@ TEST_F(JobOwnershipTest, TheEpilogCleanUpLeavesNothingOfTheJob) {
 }
 
 // The epilog runs as root and destroys what a claim names: a claim file some other user could have written (or a
-// symbolic link to one) is refused with a note, and what it names keeps running.
+// symbolic link to one), or one naming a node directory another user may change, is refused with a note, and what
+// it names keeps running.
 TEST_F(JobOwnershipTest, AClaimAnotherUserCouldHaveWrittenIsNotActedOn) {
   ASSERT_TRUE(startNode(jobOptions("451")));
   SKIP_WITHOUT_BACKEND();
@@ -248,9 +250,19 @@ TEST_F(JobOwnershipTest, AClaimAnotherUserCouldHaveWrittenIsNotActedOn) {
   EXPECT_EQ(linked->sandboxes, 0) << "a claim behind a symbolic link was acted on";
   EXPECT_FALSE(dead(init));
 
-  // The control: the same claim, in place and root's, cleans up.
+  // A good claim naming a node directory another user may write (they could plant the records it is read by).
   ASSERT_EQ(::unlink(claim.c_str()), 0);
   ASSERT_EQ(::rename(planted.c_str(), claim.c_str()), 0);
+  struct stat dir_stat {};
+  ASSERT_EQ(::stat(root_->path().c_str(), &dir_stat), 0);
+  ASSERT_EQ(::chmod(root_->path().c_str(), 0777), 0);
+  auto loose = launcher::cleanUpSlurmJob(registry_.path(), "451", host);
+  ASSERT_EQ(::chmod(root_->path().c_str(), dir_stat.st_mode & 07777), 0);
+  ASSERT_OK(loose);
+  EXPECT_EQ(loose->sandboxes, 0) << "the records of a node directory others may write were acted on";
+  EXPECT_FALSE(dead(init));
+
+  // The control: the same claim, in place and root's, on a directory only root may change, cleans up.
   auto report = launcher::cleanUpSlurmJob(registry_.path(), "451", host);
   ASSERT_OK(report);
   EXPECT_EQ(report->sandboxes, 1);

@@ -429,12 +429,14 @@ class ContainerBackend : public Backend {
     } catch (const nlohmann::json::exception& e) {
       return Error::invalid(std::string("bad container sandbox state: ") + e.what());
     }
-    if (pid > 1) {
+    if (pid > 1 && validId(cgroup_name)) {
       InitProcess init;
       init.pid = pid;
       init.pidfd.reset(static_cast<int>(syscall(SYS_pidfd_open, pid, 0)));
       auto now = processStartTime(pid);
-      if (init.pidfd && now.ok() && *now == start_time) {
+      // Anyone can read a pid's start time: the pid is only signalled while it is in the sandbox's own cgroup, so
+      // a forged record (a job's epilog reaps as root) cannot make the reaper kill a process outside the sandbox.
+      if (init.pidfd && now.ok() && *now == start_time && inCgroup(cgroup_name, pid)) {
         DSEC_TRY(killAndWaitInit(init, kReadyTimeoutSeconds));
       }
     }
@@ -481,6 +483,13 @@ class ContainerBackend : public Backend {
     DSEC_TRY(sendConfig(idle.config.get(), config, mounts));
     idle.config.reset();
     return okStatus();
+  }
+
+  bool inCgroup(const std::string& name, pid_t pid) {
+    auto cgroup = shared_->cgroups->open(name);
+    if (!cgroup.ok()) return false;
+    auto pids = (*cgroup)->pids();
+    return pids.ok() && std::find(pids->begin(), pids->end(), pid) != pids->end();
   }
 
   Status reapCgroup(const std::string& name) {

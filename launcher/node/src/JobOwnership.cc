@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/mount.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -63,6 +64,31 @@ Result<JobClaim> readClaim(const std::string& path) {
   return c;
 }
 
+// The node directory a claim names, and every directory above it, must be ones only root (or this uid) could have
+// changed (the rule readPrivateFile applies to a private file's directory): the epilog reads the sandbox records
+// there and kills what they name, so a directory another user may write would let them plant records for it.
+// Walked from / with O_NOFOLLOW, so no component is a symbolic link either.
+Status checkTrustedDirectory(const std::string& dir) {
+  UniqueFd at(::open("/", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!at) return Error::sys(errno, "open /");
+  std::string walked;
+  for (const auto& part : split(dir, '/')) {
+    if (part.empty()) continue;
+    walked += "/" + part;
+    if (part == "." || part == "..") return Error::invalid(dir + " is not a plain absolute path");
+    UniqueFd next(::openat(at.get(), part.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    if (!next) return Error::sys(errno, "open " + walked + " (a symbolic link is refused)");
+    struct stat st {};
+    if (::fstat(next.get(), &st) != 0) return Error::sys(errno, "fstat " + walked);
+    bool others_may_change = (st.st_mode & 022) != 0 && (st.st_mode & S_ISVTX) == 0;
+    if ((st.st_uid != 0 && st.st_uid != ::geteuid()) || others_may_change) {
+      return Error(ErrorCode::kConflict, walked + " may be changed by another user than root");
+    }
+    at = std::move(next);
+  }
+  return okStatus();
+}
+
 // A backend that only reaps: no init pool, no user namespaces to probe, nothing started inside.
 Result<std::unique_ptr<backends::Backend>> reapingBackend(const std::string& cgroup_parent) {
   backends::ContainerBackendOptions options;
@@ -100,6 +126,11 @@ int releaseLayerMounts(const std::string& state_dir, JobCleanupReport& report) {
 // first: a live agent holding it (in an epilog no agent of the job is alive any more, so it is another job's,
 // which took the directory over) is left alone, and so is the claim, for a later run.
 bool cleanUpClaim(const JobClaim& claim, JobCleanupReport& report) {
+  if (auto trusted = checkTrustedDirectory(claim.state_dir);
+      !trusted.ok() && trusted.error().code() != ErrorCode::kNotFound) {
+    report.notes.push_back(claim.state_dir + " left alone: " + trusted.error().message());
+    return false;
+  }
   auto lock = StateDirLock::acquire(claim.state_dir, claim.job);
   if (!lock.ok() && ::access(claim.state_dir.c_str(), F_OK) == 0) {
     report.notes.push_back(claim.state_dir + " left alone: " + lock.error().message());
@@ -191,6 +222,8 @@ Status registerJobClaim(const std::string& registry_dir, const JobClaim& claim) 
   return writeFileAtomic(claimPath(registry_dir, claim), j.dump(), 0600, Durability::kSurvivesAgentCrash);
 }
 
+namespace {
+// Removes the claim; ok when there was none.
 Status removeJobClaim(const std::string& registry_dir, const JobClaim& claim) {
   if (!isJobId(claim.job)) return okStatus();
   std::string path = claimPath(registry_dir, claim);
@@ -198,6 +231,7 @@ Status removeJobClaim(const std::string& registry_dir, const JobClaim& claim) {
   (void)::rmdir((registry_dir + "/" + claim.job).c_str());  // the job's last claim on this machine
   return okStatus();
 }
+}  // namespace
 
 void dropOtherJobsClaims(const std::string& registry_dir, const JobClaim& claim) {
   auto jobs = listDirectory(registry_dir);

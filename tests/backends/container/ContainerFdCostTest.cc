@@ -1,9 +1,13 @@
 // What an idle sandbox costs the agent in fds (ContainerSandbox.h): one, its init's pidfd, however many sandboxes
 // the node holds. A node of 10,000 sandboxes fits under an RLIMIT_NOFILE of 20,000 only so (docs/density.md).
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+
+#include <cstdint>
 
 #include "ContainerTestSupport.h"
 #include "dsec/common/Directory.h"
+#include "dsec/common/ProcessLimits.h"
 #include "dsec/common/Strings.h"
 
 namespace dsec::testing {
@@ -11,7 +15,8 @@ namespace {
 
 size_t openFds() {
   auto fds = listDirectory("/proc/self/fd");
-  return fds.ok() ? fds->size() : 0;
+  EXPECT_TRUE(fds.ok()) << "cannot count this process's fds: " << fds.error().toString();
+  return fds.ok() ? fds->size() : SIZE_MAX;  // an unreadable count fails every bound below as well
 }
 
 class ContainerFdCostTest : public ContainerTest {
@@ -57,6 +62,28 @@ TEST_F(ContainerFdCostTest, AnIdleSandboxCostsTheAgentOneFd) {
   held_.clear();
   // What stays is the backend's own, opened on first use: the spawner's channel and pidfd, the id range lease file.
   EXPECT_LE(openFds(), before + 3) << "destroyed sandboxes left fds behind";
+}
+
+// The agent raises its own RLIMIT_NOFILE to hold thousands of sandboxes; what runs inside a sandbox gets the limit
+// the agent started with back, so raising it changes nothing for sandboxed code.
+TEST_F(ContainerTest, ASandboxGetsTheFileLimitTheAgentStartedWithNotTheRaisedOne) {
+  rlimit before{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &before), 0);
+  // An agent started with a soft limit below its hard one, as from a login shell (soft 512).
+  constexpr rlim_t kStartSoft = 512;
+  if (before.rlim_max <= kStartSoft) GTEST_SKIP() << "RLIMIT_NOFILE hard limit " << before.rlim_max << " is too low";
+  rlimit start{kStartSoft, before.rlim_max};
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &start), 0);
+  raiseProcessLimits();
+  auto original = originalFileLimit();
+  ASSERT_TRUE(original.has_value()) << "raiseProcessLimits raised nothing from a soft limit of " << kStartSoft;
+  ASSERT_EQ(original->rlim_cur, kStartSoft);
+  rlimit raised{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &raised), 0);
+  ASSERT_GT(raised.rlim_cur, kStartSoft);
+  auto r = sh(create(), "ulimit -n");
+  ASSERT_EQ(r.exit_code, 0) << r.stderr_data;
+  EXPECT_EQ(trim(r.stdout_data), std::to_string(kStartSoft)) << "the agent's raised limit is " << raised.rlim_cur;
 }
 
 }  // namespace

@@ -50,8 +50,6 @@ struct JobClaim {
 std::string currentHostName();
 // Writes (replaces) the claim under registry_dir/<job>/; a job id that is not a number is refused.
 Status registerJobClaim(const std::string& registry_dir, const JobClaim& claim);
-// Removes the claim (the epilog, once it cleaned up); ok when there was none.
-Status removeJobClaim(const std::string& registry_dir, const JobClaim& claim);
 // Removes the claims of every other job on the same host and directory: an agent that holds the directory now has
 // reaped (or taken over) what those jobs left there, so their epilogs have nothing to do on it.
 void dropOtherJobsClaims(const std::string& registry_dir, const JobClaim& claim);
