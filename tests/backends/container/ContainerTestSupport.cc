@@ -109,6 +109,7 @@ void ContainerTest::SetUp() {
 std::unique_ptr<backends::Backend> ContainerTest::newBackend() {
   backends::ContainerBackendOptions options;
   options.cgroup_parent = kTestCgroupParent;
+  options.init_pool_size = init_pool_size_;
   auto b = backends::makeContainerBackend(options);
   EXPECT_TRUE(b.ok()) << b.error().toString();
   if (!b.ok()) return nullptr;
