@@ -5,7 +5,7 @@ set -euo pipefail
 
 PACKAGES=(
   # build
-  g++ cmake ninja-build pkg-config git
+  g++ cmake ninja-build pkg-config git clang llvm libbpf-dev bpftool
   libboost-dev libboost-program-options-dev nlohmann-json3-dev libseccomp-dev libcap-dev libssl-dev
   libnftables-dev nftables
   libgtest-dev libgmock-dev

@@ -82,6 +82,25 @@ class RecordingSandbox : public Sandbox {
     note("setMemoryLimit " + std::to_string(bytes));
     return Error(ErrorCode::kResourceExhausted, "recorded limit");
   }
+  Status setEgress(const backends::EgressPolicy& policy) override {
+    std::string rules;
+    for (const auto& text : policy.texts()) rules += " " + text;
+    note("setEgress" + rules);
+    return Error(ErrorCode::kConflict, "recorded egress");
+  }
+  Status setProtectedPaths(const std::vector<std::string>& paths) override {
+    std::string list;
+    for (const auto& path : paths) list += " " + path;
+    note("setProtectedPaths" + list);
+    return Error(ErrorCode::kUnsupported, "recorded protect");
+  }
+  Result<std::vector<backends::Violation>> violations() override {
+    note("violations");
+    backends::Violation v;
+    v.kind = backends::ViolationKind::kDns;
+    v.target = "recorded.example";
+    return std::vector<backends::Violation>{v};
+  }
   Result<UniqueFd> openForRead(const std::string& path) override {
     note("openForRead " + path);
     return UniqueFd(eventfd(7, EFD_CLOEXEC));
@@ -228,6 +247,24 @@ std::vector<Operation> operations() {
          auto st = s.setMemoryLimit(64LL << 20);
          EXPECT_TRUE(!st.ok() && st.error().code() == ErrorCode::kResourceExhausted);
          return std::string("setMemoryLimit 67108864");
+       }},
+      {"setEgress",
+       [](Sandbox& s) {
+         auto policy = backends::parseEgressPolicy({"10.0.0.0/8", "pypi.org:443"});
+         EXPECT_TRUE(policy.ok());
+         EXPECT_EQ(s.setEgress(*policy).error().message(), "recorded egress");
+         return "setEgress 10.0.0.0/8 pypi.org:443";
+       }},
+      {"setProtectedPaths",
+       [](Sandbox& s) {
+         EXPECT_EQ(s.setProtectedPaths({"/usr", "/w/tests"}).error().message(), "recorded protect");
+         return "setProtectedPaths /usr /w/tests";
+       }},
+      {"violations",
+       [](Sandbox& s) {
+         auto v = s.violations();
+         EXPECT_TRUE(v.ok() && v->size() == 1 && v->at(0).target == "recorded.example");
+         return "violations";
        }},
       {"openForRead",
        [](Sandbox& s) {

@@ -71,6 +71,12 @@ Status validateSpec(const SandboxSpec& spec) {
     return Error::invalid("limits must not be negative");
   }
   if (spec.memory_bytes > 0 && spec.memory_bytes < (4 << 20)) return Error::invalid("memory limit below 4 MiB");
+  if (!spec.egress.rules.empty() && spec.network != NetworkMode::kEgress) {
+    return Error::invalid("an egress policy needs network \"egress\" (a network link)");
+  }
+  if (!spec.protected_paths.empty()) {
+    return Error(ErrorCode::kUnsupported, "protected paths are not built yet");
+  }
   for (const auto& [k, v] : spec.env) {
     if (k.empty() || k.find_first_of("=\0", 0, 2) != std::string::npos || v.find('\0') != std::string::npos) {
       return Error::invalid("bad environment variable: " + k);

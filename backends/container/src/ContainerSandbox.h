@@ -24,6 +24,7 @@
 #include "JoinFdCache.h"
 #include "Spawn.h"
 #include "UserNamespace.h"
+#include "ViolationLog.h"
 #include "dsec/backends/BackendKind.h"
 #include "dsec/backends/Sandbox.h"
 #include "dsec/backends/container/ContainerBackend.h"
@@ -77,6 +78,9 @@ class ContainerSandbox : public Sandbox {
   bool supportsStdinFd() const override { return true; }
   Result<LongRunningProcess> spawn(const ExecRequest& request) override;
   Status setMemoryLimit(int64_t bytes) override;
+  Status setEgress(const EgressPolicy& policy) override;                   // SandboxPolicyOps.cc
+  Status setProtectedPaths(const std::vector<std::string>& paths) override;  // SandboxPolicyOps.cc
+  Result<std::vector<Violation>> violations() override;                   // SandboxPolicyOps.cc
 
   Result<UniqueFd> openForRead(const std::string& path) override;
   Result<UniqueFd> openForWrite(const std::string& path, uint32_t mode) override;
@@ -141,6 +145,9 @@ class ContainerSandbox : public Sandbox {
   std::vector<UniqueFd> spawned_;
   // OOM kills of the cgroup already reported (or there before adoption).
   std::atomic<int64_t> oom_seen_{0};
+  // What its processes were refused; shared with whatever reports refusals (egress filter, resolver).
+  std::shared_ptr<ViolationLog> violations_ = std::make_shared<ViolationLog>();
+  std::mutex policy_mu_;  // one policy change at a time
 };
 
 // The files a freshly cloned (single-threaded) child writes "0" into to join the sandbox cgroup. On cgroup v1

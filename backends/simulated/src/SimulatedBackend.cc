@@ -29,6 +29,10 @@ class SimulatedSandbox : public Sandbox {
   }
   // No processes, so no memory to limit: a limit asked for is refused, not pretended.
   Status setMemoryLimit(int64_t) override { return simulatedError(spec_.id, "memory limit"); }
+  Status setEgress(const EgressPolicy&) override { return simulatedError(spec_.id, "network"); }
+  Status setProtectedPaths(const std::vector<std::string>&) override { return simulatedError(spec_.id, "files"); }
+  // Nothing runs, so nothing is ever refused.
+  Result<std::vector<Violation>> violations() override { return std::vector<Violation>{}; }
   Result<UniqueFd> openForRead(const std::string&) override { return simulatedError(spec_.id, "files"); }
   Result<UniqueFd> openForWrite(const std::string&, uint32_t) override { return simulatedError(spec_.id, "files"); }
   Result<FileStat> stat(const std::string&) override { return simulatedError(spec_.id, "files"); }

@@ -27,6 +27,9 @@ class ForwardingSandbox : public Sandbox {
   bool supportsStdinFd() const override { return inner_->supportsStdinFd(); }
   Result<LongRunningProcess> spawn(const ExecRequest& request) override { return inner_->spawn(request); }
   Status setMemoryLimit(int64_t bytes) override { return inner_->setMemoryLimit(bytes); }
+  Status setEgress(const EgressPolicy& policy) override { return inner_->setEgress(policy); }
+  Status setProtectedPaths(const std::vector<std::string>& paths) override { return inner_->setProtectedPaths(paths); }
+  Result<std::vector<Violation>> violations() override { return inner_->violations(); }
 
   Result<UniqueFd> openForRead(const std::string& path) override { return inner_->openForRead(path); }
   Result<UniqueFd> openForWrite(const std::string& path, uint32_t mode) override {

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "dsec/common/Fd.h"
+#include "dsec/backends/NetworkPolicy.h"
 #include "dsec/common/Result.h"
 
 namespace dsec::backends {
@@ -44,6 +45,10 @@ struct SandboxSpec {
   int64_t disk_bytes = 0;                  // size of the writable upper (tmpfs); 0 = backend default
   std::map<std::string, std::string> env;  // default environment of every exec
   NetworkMode network = NetworkMode::kNone;
+  // With NetworkMode::kEgress: where the sandbox may connect (no rules = nowhere; the node never).
+  EgressPolicy egress;
+  // Paths its processes cannot change by any route (NetworkPolicy.h); the file operations below still can.
+  std::vector<std::string> protected_paths;
   CpuQos qos = CpuQos::kBatch;
   std::string cpuset_cpus;  // "2-5" (cpuset.cpus); "" = the parent's (shared pool)
   std::string cpuset_mems;  // "0" (cpuset.mems); "" = the parent's
@@ -142,6 +147,14 @@ class Sandbox {
   // worker). Lowering it below what the sandbox uses and cannot reclaim fails with kResourceExhausted; a
   // backend that cannot change it fails with kUnsupported (never succeeds without enforcing it).
   virtual Status setMemoryLimit(int64_t bytes) = 0;
+  // Replaces the egress policy at once, while the sandbox runs (stages: install, then the agent's turn with
+  // nothing). Connections the new policy forbids are cut, not left open. A sandbox made without a network link
+  // (NetworkMode::kNone) fails with kConflict; a backend that cannot enforce it with kUnsupported.
+  virtual Status setEgress(const EgressPolicy& policy) = 0;
+  // Replaces the protected paths (parseProtectedPaths form) while the sandbox runs.
+  virtual Status setProtectedPaths(const std::vector<std::string>& paths) = 0;
+  // What its processes were refused, oldest first; a bounded record (the newest kept).
+  virtual Result<std::vector<Violation>> violations() = 0;
 
   // Files, resolved inside the sandbox's root (symlinks cannot escape it).
   virtual Result<UniqueFd> openForRead(const std::string& path) = 0;  // a regular file
