@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <set>
 
@@ -32,7 +33,8 @@ Result<uint16_t> splitPort(const std::string& text, std::string* host) {
 
 bool validLabel(const std::string& label) {
   if (label.empty() || label.size() > 63 || label.front() == '-' || label.back() == '-') return false;
-  return std::all_of(label.begin(), label.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_'; });
+  return std::all_of(label.begin(), label.end(),
+                     [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_'; });
 }
 
 Status parseDomain(const std::string& text, std::string name, EgressRule* rule) {
@@ -83,7 +85,9 @@ Status parseAddressBlock(const std::string& text, const std::string& host, Egres
 }
 
 bool looksLikeAddress(const std::string& host) {
-  return !host.empty() && std::all_of(host.begin(), host.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)) || c == '.' || c == '/'; });
+  return !host.empty() && std::all_of(host.begin(), host.end(), [](char c) {
+    return std::isdigit(static_cast<unsigned char>(c)) || c == '.' || c == '/';
+  });
 }
 
 }  // namespace
@@ -162,6 +166,18 @@ Result<std::vector<std::string>> parseProtectedPaths(const std::vector<std::stri
     out.insert(normal);
   }
   return std::vector<std::string>(out.begin(), out.end());
+}
+
+namespace {
+std::atomic<uint64_t> g_violations[3];
+}  // namespace
+
+void countViolation(ViolationKind kind) {
+  g_violations[static_cast<int>(kind)].fetch_add(1, std::memory_order_relaxed);
+}
+
+uint64_t violationsTotal(ViolationKind kind) {
+  return g_violations[static_cast<int>(kind)].load(std::memory_order_relaxed);
 }
 
 const char* violationKindName(ViolationKind kind) {

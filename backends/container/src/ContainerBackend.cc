@@ -1,5 +1,6 @@
 #include "dsec/backends/container/ContainerBackend.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <linux/openat2.h>
 #include <poll.h>
@@ -336,7 +337,8 @@ class ContainerBackend : public Backend {
 
     if (auto s = checkFault("container.send_config"); !s.ok()) return fail(s.error());
     int64_t disk = spec.disk_bytes > 0 ? spec.disk_bytes : shared_->options.default_disk_bytes;
-    if (auto s = configureInit(spec, disk, *idle, init.pid); !s.ok()) return fail(s.error());
+    std::optional<EgressLink> link;
+    if (auto s = configureInit(spec, disk, *idle, init.pid, &link); !s.ok()) return fail(s.error());
     UniqueFd status_r = std::move(idle->status_r);
     std::string status_read = std::move(idle->status_read);
 
@@ -357,9 +359,20 @@ class ContainerBackend : public Backend {
     }
     SandboxSpec stored = spec;
     if (stored.disk_bytes == 0) stored.disk_bytes = disk;
+    auto sandbox =
+        std::make_unique<ContainerSandbox>(shared_, std::move(stored), std::move(init), std::move(cgroup), false, 0);
+    if (link) {
+      // Nothing of the caller's runs in it before create returns: the policy is in force before anything could
+      // use the link.
+      in_addr resolver{};
+      inet_pton(AF_INET, link->gateway.c_str(), &resolver);
+      if (auto s = sandbox->enforceEgress(spec.egress, ntohl(resolver.s_addr)); !s.ok()) {
+        (void)sandbox->destroy();
+        return s.error().wrap("create sandbox " + spec.id);
+      }
+    }
     DSEC_LOG(kDebug, "container") << "created " << spec.id << " in " << (monotonicSeconds() - start) * 1000 << " ms";
-    return std::unique_ptr<Sandbox>(
-        std::make_unique<ContainerSandbox>(shared_, std::move(stored), std::move(init), std::move(cgroup), false, 0));
+    return std::unique_ptr<Sandbox>(std::move(sandbox));
   }
 
   Result<std::unique_ptr<Sandbox>> adopt(const nlohmann::json& state) override {
@@ -420,8 +433,19 @@ class ContainerBackend : public Backend {
       std::lock_guard lock(shared_->mu);
       shared_->live.insert(spec.id);
     }
-    return std::unique_ptr<Sandbox>(std::make_unique<ContainerSandbox>(shared_, std::move(spec), std::move(init),
-                                                                       std::move(*cgroup), paused, oom_kills));
+    const NetworkMode network = spec.network;
+    EgressPolicy spec_egress = spec.egress;
+    auto sandbox = std::make_unique<ContainerSandbox>(shared_, std::move(spec), std::move(init), std::move(*cgroup),
+                                                      paused, oom_kills);
+    if (network == NetworkMode::kEgress) {
+      // Its policy as it was last set (the programs of the agent before kept enforcing it meanwhile).
+      auto current = parseEgressPolicy(state.value("egress", spec_egress.texts()));
+      if (!current.ok()) return current.error().wrap("adopt " + sandbox->spec().id);
+      if (auto s = sandbox->enforceEgress(*current, state.value("egress_resolver", uint32_t{0})); !s.ok()) {
+        return s.error().wrap("adopt " + sandbox->spec().id);
+      }
+    }
+    return std::unique_ptr<Sandbox>(std::move(sandbox));
   }
 
   Status reap(const nlohmann::json& state) override {
@@ -450,6 +474,16 @@ class ContainerBackend : public Backend {
   }
 
   Result<std::vector<std::string>> listLeftovers() override {
+    // The agent asks once it has adopted what it could: every adopted sandbox has its policy back in this agent's
+    // filter, so the earlier agent's programs are no longer needed.
+    {
+      std::lock_guard lock(shared_->egress_mu);
+      if (shared_->egress_filter) {
+        if (auto s = shared_->egress_filter->detachOthers(true); !s.ok()) {
+          DSEC_LOG(kWarn, "container") << "egress: " << s.error().toString();
+        }
+      }
+    }
     DSEC_ASSIGN_OR_RETURN(std::vector<std::string> names, shared_->cgroups->list());
     std::lock_guard lock(shared_->mu);
     std::vector<std::string> out;
@@ -479,10 +513,13 @@ class ContainerBackend : public Backend {
 
   // Hands init what it builds the sandbox from: the config (with the egress link, made now that init's network
   // namespace exists) and the mounts of the layers. Closes init's config socket.
-  Status configureInit(const SandboxSpec& spec, int64_t disk_bytes, IdleInit& idle, pid_t init_pid) {
+  Status configureInit(const SandboxSpec& spec, int64_t disk_bytes, IdleInit& idle, pid_t init_pid,
+                       std::optional<EgressLink>* link) {
     DSEC_ASSIGN_OR_RETURN(std::vector<UniqueFd> mounts, sandboxMounts(spec, idle.userns.get()));
-    std::optional<EgressLink> egress;
+    std::optional<EgressLink>& egress = *link;
     if (spec.network == NetworkMode::kEgress) {
+      // The filter first: a link is only made where its policy can be enforced.
+      DSEC_TRY(startedEgressFilter(*shared_));
       DSEC_ASSIGN_OR_RETURN(egress, shared_->egress->attach(init_pid));
     }
     const std::string config = buildInitConfig(spec, disk_bytes, shared_->seccomp, egress);

@@ -81,6 +81,7 @@ nlohmann::json specToJson(const SandboxSpec& spec) {
           {"disk_bytes", spec.disk_bytes},
           {"env", spec.env},
           {"network", networkModeName(spec.network)},
+          {"egress", spec.egress.texts()},
           {"upper_dir", spec.upper_dir},
           {"read_only_root", spec.read_only_root}};
 }
@@ -97,6 +98,9 @@ Result<SandboxSpec> specFromJson(const nlohmann::json& j) {
     s.disk_bytes = j.value("disk_bytes", int64_t{0});
     s.env = j.value("env", std::map<std::string, std::string>{});
     DSEC_ASSIGN_OR_RETURN(s.network, parseNetworkMode(j.value("network", "none")));
+    // Records from before egress policies: a link meant a route anywhere but the node.
+    const auto egress = j.value("egress", std::vector<std::string>{"0.0.0.0/0"});
+    DSEC_ASSIGN_OR_RETURN(s.egress, parseEgressPolicy(egress));
     s.upper_dir = j.value("upper_dir", "");
     s.read_only_root = j.value("read_only_root", false);
     return s;
@@ -238,6 +242,7 @@ Status ContainerSandbox::destroy() {
   // and return. A frozen task cannot die, so thaw after the signal is queued.
   if (init_.pidfd) (void)syscall(SYS_pidfd_send_signal, init_.pidfd.get(), SIGKILL, nullptr, 0);
   if (was_paused) (void)cgroup_->thaw();
+  forgetEgress();
   reapSpawned(10);
   Status killed = killAndWaitInit(init_, 10);
   {
@@ -369,6 +374,8 @@ nlohmann::json ContainerSandbox::persistentState() const {
           {"paused", state_ == SandboxState::kPaused},
           {"user_namespace", owner_.has_value()},
           {"host_root", owner_.value_or(0)},
+          {"egress", egress_.texts()},
+          {"egress_resolver", resolver_ip4_},
           {"spec", specToJson(spec_)}};
 }
 

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "EgressFilter.h"
 #include "EgressNetwork.h"
 #include "JoinFdCache.h"
 #include "Spawn.h"
@@ -50,7 +51,17 @@ struct ContainerShared {
   std::unique_ptr<JoinFdCache> join_fds;  // the cgroup files of the sandboxes that ran a command most recently
   std::mutex mu;
   std::set<std::string> live;  // ids created or adopted by this process and not destroyed
+  // Egress policies (SandboxEgress.cc): the BPF filter, started with the first sandbox that has a network link,
+  // and where its refusals go (each sandbox's record, by its network namespace's cookie).
+  std::mutex egress_mu;
+  std::unique_ptr<EgressFilter> egress_filter;
+  std::mutex logs_mu;
+  std::map<uint64_t, std::weak_ptr<ViolationLog>> logs_by_netns;
+  ~ContainerShared();  // stops the filter's thread before the logs it writes to go
 };
+
+// The started egress filter (SandboxEgress.cc); kUnsupported naming what the host lacks.
+Result<EgressFilter*> startedEgressFilter(ContainerShared& shared);
 
 struct InitProcess {
   pid_t pid = -1;
@@ -78,9 +89,11 @@ class ContainerSandbox : public Sandbox {
   bool supportsStdinFd() const override { return true; }
   Result<LongRunningProcess> spawn(const ExecRequest& request) override;
   Status setMemoryLimit(int64_t bytes) override;
-  Status setEgress(const EgressPolicy& policy) override;                   // SandboxPolicyOps.cc
+  // Puts the sandbox under the egress filter with its policy (create, adopt); resolver_ip4 in host order.
+  Status enforceEgress(const EgressPolicy& policy, uint32_t resolver_ip4);   // SandboxEgress.cc
+  Status setEgress(const EgressPolicy& policy) override;                     // SandboxEgress.cc
   Status setProtectedPaths(const std::vector<std::string>& paths) override;  // SandboxPolicyOps.cc
-  Result<std::vector<Violation>> violations() override;                   // SandboxPolicyOps.cc
+  Result<std::vector<Violation>> violations() override;                      // SandboxPolicyOps.cc
 
   Result<UniqueFd> openForRead(const std::string& path) override;
   Result<UniqueFd> openForWrite(const std::string& path, uint32_t mode) override;
@@ -148,6 +161,12 @@ class ContainerSandbox : public Sandbox {
   // What its processes were refused; shared with whatever reports refusals (egress filter, resolver).
   std::shared_ptr<ViolationLog> violations_ = std::make_shared<ViolationLog>();
   std::mutex policy_mu_;  // one policy change at a time
+  // Under the egress filter (enforceEgress): its network namespace's cookie (0 = not), the resolver it may query
+  // and the policy in force now (spec_.egress is the one it was created with). Under policy_mu_.
+  uint64_t netns_cookie_ = 0;
+  uint32_t resolver_ip4_ = 0;
+  EgressPolicy egress_;
+  void forgetEgress();
 };
 
 // The files a freshly cloned (single-threaded) child writes "0" into to join the sandbox cgroup. On cgroup v1

@@ -225,6 +225,15 @@ Status Spawner::startLocked() {
       execWithFds(path_, {"dsec-sandbox-spawner"}, {devnull.get(), devnull.get(), devnull.get(), theirs.get()}));
   process_ = std::move(process);
   channel_ = std::move(ours);
+  if (!cgroup2_dir_.empty()) {
+    // Before it starts anything: what it starts must be under the directory's programs from the first.
+    Status placed = writeFile(cgroup2_dir_ + "/cgroup.procs", std::to_string(process_.pid));
+    if (!placed.ok()) {
+      killAndReap(process_);
+      channel_.reset();
+      return placed.error().wrap("starting " + path_);
+    }
+  }
   sp::SetupHeader setup{sp::kSetupMagic, static_cast<uint32_t>(seccomp_.size())};
   Status sent = sendToSpawner(channel_.get(), &setup, sizeof setup);
   if (sent.ok()) sent = sendToSpawner(channel_.get(), seccomp_.data(), seccomp_.size() * sizeof(sock_filter));
@@ -234,6 +243,13 @@ Status Spawner::startLocked() {
     return sent.error().wrap("starting " + path_);
   }
   return okStatus();
+}
+
+Status Spawner::placeIn(const std::string& cgroup2_dir) {
+  std::lock_guard lock(mu_);
+  cgroup2_dir_ = cgroup2_dir;
+  if (!process_.pidfd) return okStatus();  // placed when it starts
+  return writeFile(cgroup2_dir_ + "/cgroup.procs", std::to_string(process_.pid));
 }
 
 Result<SpawnedCommand> Spawner::sendLocked(const CommandSpawnRequest& request, const std::string& strings, bool* sent) {

@@ -86,6 +86,10 @@ class Spawner {
   // Starts path (a sandbox init) with args and fds (at 0..n-1) as our child in the host's namespaces.
   Result<SpawnedProcess> startInit(const std::string& path, const std::vector<std::string>& args,
                                    const std::vector<int>& fds);
+  // Keeps the spawner (now and after every restart) in this cgroup v2 directory as well, so what it starts is
+  // too: on a v1 host, the directory the egress BPF programs are attached to. A spawner that cannot be put there
+  // is not used.
+  Status placeIn(const std::string& cgroup2_dir);
 
  private:
   Status startLocked();
@@ -100,6 +104,7 @@ class Spawner {
   std::mutex mu_;
   UniqueFd channel_;
   SpawnedProcess process_;
+  std::string cgroup2_dir_;  // placeIn()
 };
 
 // Where dsec-sandbox-spawner is: next to the running executable, else in the build tree.

@@ -17,6 +17,7 @@ class ViolationLog {
   static constexpr size_t kCapacity = 1024;
 
   void record(Violation violation) {
+    countViolation(violation.kind);
     std::lock_guard lock(mu_);
     if (ring_.size() == kCapacity) {
       ring_.pop_front();

@@ -22,7 +22,7 @@ constexpr const char* kApplets[] = {
     "id",     "env",  "true",  "false",    "head",  "tail",    "wc",     "df",      "touch",    "mkdir",  "rm",
     "grep",   "sed",  "awk",   "kill",     "nc",    "unshare", "ip",     "seq",     "cut",      "tr",     "sort",
     "test",   "[",    "uname", "readlink", "ln",    "chmod",   "stat",   "find",    "xargs",    "printf", "pwd",
-    "md5sum", "date", "pidof", "nsenter",  "mknod", "mkfifo",  "usleep", "timeout", "setsid",   "wget",   "whoami"};
+    "md5sum", "date", "pidof", "nsenter",  "mknod", "mkfifo",  "usleep", "timeout", "setsid",   "wget",   "whoami", "nslookup"};
 
 struct LayerHolder {
   TestLayer layer;
@@ -110,6 +110,7 @@ std::unique_ptr<backends::Backend> ContainerTest::newBackend() {
   backends::ContainerBackendOptions options;
   options.cgroup_parent = kTestCgroupParent;
   options.init_pool_size = init_pool_size_;
+  options.egress_never = egress_never_;
   auto b = backends::makeContainerBackend(options);
   EXPECT_TRUE(b.ok()) << b.error().toString();
   if (!b.ok()) return nullptr;

@@ -41,6 +41,7 @@ class ContainerTest : public ::testing::Test {
   std::vector<std::unique_ptr<backends::Sandbox>> sandboxes_;
   // Inits started ahead of time by backends this fixture makes; a derived fixture may set it in its constructor.
   int init_pool_size_ = backends::ContainerBackendOptions{}.init_pool_size;
+  std::vector<std::string> egress_never_;  // ContainerBackendOptions::egress_never
 };
 
 // Leftovers of a sandbox id on the host: cgroup directories under every hierarchy.

@@ -16,12 +16,12 @@ namespace dsec::backends {
 // A domain reaches the addresses the node's resolver gave the sandbox for that name (until the answer's TTL
 // runs out); "*.NAME" allows every name below NAME, not NAME itself.
 struct EgressRule {
-  std::string text;                // as written, normalised ("10.0.0.0/8:443", "pypi.org")
-  std::string domain;              // lower case, without "*."; "" for an address rule
-  bool wildcard = false;           // "*.NAME"
+  std::string text;                  // as written, normalised ("10.0.0.0/8:443", "pypi.org")
+  std::string domain;                // lower case, without "*."; "" for an address rule
+  bool wildcard = false;             // "*.NAME"
   std::array<uint8_t, 4> address{};  // network address (IPv4, network byte order), address rules only
-  int prefix_len = 0;              // 0..32
-  uint16_t port = 0;               // 0 = any port
+  int prefix_len = 0;                // 0..32
+  uint16_t port = 0;                 // 0 = any port
 
   bool isDomain() const { return !domain.empty(); }
 };
@@ -49,7 +49,11 @@ Result<std::vector<std::string>> parseProtectedPaths(const std::vector<std::stri
 inline constexpr size_t kMaxProtectedPaths = 64;
 
 enum class ViolationKind { kConnect, kDns, kFile };
+inline constexpr ViolationKind kViolationKinds[] = {ViolationKind::kConnect, ViolationKind::kDns, ViolationKind::kFile};
 const char* violationKindName(ViolationKind kind);
+// Refusals recorded by this process since it started, per kind (/metrics: dsec_violations_total{kind}).
+void countViolation(ViolationKind kind);
+uint64_t violationsTotal(ViolationKind kind);
 
 // One thing a sandbox's processes tried and were refused.
 struct Violation {

@@ -48,6 +48,10 @@ struct ContainerBackendOptions {
   // NetworkMode::kEgress: the sandbox's own network namespace with a veth to the node, routed and masqueraded to
   // the node's uplink; nothing on the node itself, other sandboxes or link-local addresses is reachable.
   std::string egress_subnet = "100.64.0.0/16";  // carved into /30s, one per sandbox
+  // IPv4 blocks no sandbox reaches whatever its egress policy says, besides the node's own addresses, link-local
+  // and the sandboxes' subnet (always): the fleet's gateways, the Slurm controller. Only a rule naming one address
+  // exactly (a /32) opens one of them.
+  std::vector<std::string> egress_never;
 };
 
 // The cgroup weight of batch sandboxes (v2 cpu.weight scale; v1 shares 102): low, so they yield to everything.

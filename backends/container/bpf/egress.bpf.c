@@ -1,0 +1,142 @@
+/* Egress policy of container sandboxes, enforced where a socket names its destination: connect() and
+ * sendmsg()/sendto() of IPv4 and IPv6 sockets. Attached once to the cgroup v2 directory above every sandbox of the
+ * node; a process whose network namespace has no entry in `sandboxes` is not a sandbox with a policy and is let
+ * through (the agent, sandboxes without a network link). A refused call fails with EPERM and is reported.
+ * Sandboxes cannot leave their namespace (seccomp refuses new namespaces and they hold no other namespace's fd). */
+#include <linux/bpf.h>
+#include <bpf/bpf_endian.h>
+#include <bpf/bpf_helpers.h>
+
+#include "EgressMaps.h"
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
+
+struct {
+  __uint(type, BPF_MAP_TYPE_HASH);
+  __uint(max_entries, 65536);
+  __type(key, __u64);
+  __type(value, struct dsec_egress_sandbox);
+  __uint(map_flags, BPF_F_NO_PREALLOC);
+} sandboxes SEC(".maps");
+
+struct {
+  __uint(type, BPF_MAP_TYPE_LPM_TRIE);
+  __uint(max_entries, 262144);
+  __type(key, struct dsec_egress_allow_key);
+  __type(value, __u8);
+  __uint(map_flags, BPF_F_NO_PREALLOC);
+} allow SEC(".maps");
+
+struct {
+  __uint(type, BPF_MAP_TYPE_HASH);
+  __uint(max_entries, 262144);
+  __type(key, struct dsec_egress_resolved_key);
+  __type(value, struct dsec_egress_resolved);
+  __uint(map_flags, BPF_F_NO_PREALLOC);
+} resolved SEC(".maps");
+
+struct {
+  __uint(type, BPF_MAP_TYPE_LPM_TRIE);
+  __uint(max_entries, 4096);
+  __type(key, struct dsec_egress_never_key);
+  __type(value, __u8);
+  __uint(map_flags, BPF_F_NO_PREALLOC);
+} never SEC(".maps");
+
+struct {
+  __uint(type, BPF_MAP_TYPE_RINGBUF);
+  __uint(max_entries, 256 * 1024);
+} events SEC(".maps");
+
+static __always_inline void report(struct bpf_sock_addr *ctx, __u64 cookie, __u32 ip4, const __u32 *ip6, __u16 port,
+                                   __u8 reason, __u8 op) {
+  struct dsec_egress_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+  if (!e) return; /* the agent is behind: the call is refused all the same */
+  __builtin_memset(e, 0, sizeof(*e));
+  e->netns_cookie = cookie;
+  e->time_boot_ns = bpf_ktime_get_boot_ns();
+  e->ip4 = ip4;
+  if (ip6) {
+    e->ip6[0] = ip6[0];
+    e->ip6[1] = ip6[1];
+    e->ip6[2] = ip6[2];
+    e->ip6[3] = ip6[3];
+  }
+  e->port = port;
+  e->sock_type = (__u8)ctx->type;
+  e->reason = reason;
+  e->op = op;
+  bpf_ringbuf_submit(e, 0);
+}
+
+static __always_inline int resolved_allows(__u64 cookie, __u32 generation, __u32 ip4, __u16 port) {
+  struct dsec_egress_resolved_key key = {.netns_cookie = cookie, .generation = generation, .ip4 = ip4, .port = port};
+  struct dsec_egress_resolved *hit = bpf_map_lookup_elem(&resolved, &key);
+  if (!hit) {
+    key.port = 0;
+    hit = bpf_map_lookup_elem(&resolved, &key);
+  }
+  return hit && hit->expires_boot_ns > bpf_ktime_get_boot_ns();
+}
+
+/* 1 = let the call through. */
+static __always_inline int check_ip4(struct bpf_sock_addr *ctx, __u64 cookie, const struct dsec_egress_sandbox *sb,
+                                     __u32 ip4, __u16 port, __u8 op) {
+  if ((bpf_ntohl(ip4) >> 24) == 127) return 1; /* the sandbox's own loopback: its own network namespace */
+  if (sb->resolver_ip4 != 0 && ip4 == sb->resolver_ip4 && port == bpf_htons(53)) return 1;
+  struct dsec_egress_allow_key key = {.prefixlen = DSEC_EGRESS_ALLOW_FIXED_BITS + 32,
+                                      .netns_cookie = cookie,
+                                      .generation = sb->generation,
+                                      .port = port,
+                                      .ip4 = ip4};
+  __u8 *listed = bpf_map_lookup_elem(&allow, &key); /* the value: the matching block's prefix length */
+  if (!listed) {
+    key.port = 0;
+    listed = bpf_map_lookup_elem(&allow, &key);
+  }
+  struct dsec_egress_never_key never_key = {.prefixlen = 32, .ip4 = ip4};
+  if (bpf_map_lookup_elem(&never, &never_key)) {
+    /* Only an address listed on its own (a /32 rule) opens one of these; a block such as 0.0.0.0/0 never does,
+     * nor does a name that resolved to one. */
+    if (listed && *listed == 32) return 1;
+    report(ctx, cookie, ip4, 0, port, DSEC_EGRESS_NODE, op);
+    return 0;
+  }
+  if (listed) return 1;
+  if (resolved_allows(cookie, sb->generation, ip4, port)) return 1;
+  report(ctx, cookie, ip4, 0, port, DSEC_EGRESS_NOT_ALLOWED, op);
+  return 0;
+}
+
+static __always_inline int check4(struct bpf_sock_addr *ctx, __u8 op) {
+  __u64 cookie = bpf_get_netns_cookie(ctx);
+  struct dsec_egress_sandbox *sb = bpf_map_lookup_elem(&sandboxes, &cookie);
+  if (!sb) return 1;
+  return check_ip4(ctx, cookie, sb, ctx->user_ip4, (__u16)ctx->user_port, op);
+}
+
+static __always_inline int check6(struct bpf_sock_addr *ctx, __u8 op) {
+  __u64 cookie = bpf_get_netns_cookie(ctx);
+  struct dsec_egress_sandbox *sb = bpf_map_lookup_elem(&sandboxes, &cookie);
+  if (!sb) return 1;
+  __u32 ip6[4] = {ctx->user_ip6[0], ctx->user_ip6[1], ctx->user_ip6[2], ctx->user_ip6[3]};
+  __u16 port = (__u16)ctx->user_port;
+  /* ::1, the sandbox's own loopback */
+  if (ip6[0] == 0 && ip6[1] == 0 && ip6[2] == 0 && ip6[3] == bpf_htonl(1)) return 1;
+  /* ::ffff:a.b.c.d on a dual-stack socket goes out as IPv4: the IPv4 policy decides */
+  if (ip6[0] == 0 && ip6[1] == 0 && ip6[2] == bpf_htonl(0xffff)) return check_ip4(ctx, cookie, sb, ip6[3], port, op);
+  report(ctx, cookie, 0, ip6, port, DSEC_EGRESS_IPV6, op);
+  return 0;
+}
+
+SEC("cgroup/connect4")
+int dsec_connect4(struct bpf_sock_addr *ctx) { return check4(ctx, 0); }
+
+SEC("cgroup/sendmsg4")
+int dsec_sendmsg4(struct bpf_sock_addr *ctx) { return check4(ctx, 1); }
+
+SEC("cgroup/connect6")
+int dsec_connect6(struct bpf_sock_addr *ctx) { return check6(ctx, 0); }
+
+SEC("cgroup/sendmsg6")
+int dsec_sendmsg6(struct bpf_sock_addr *ctx) { return check6(ctx, 1); }

@@ -1,0 +1,363 @@
+#include "EgressFilter.h"
+
+#include <arpa/inet.h>
+#include <bpf/bpf.h>
+#include <bpf/libbpf.h>
+#include <fcntl.h>
+#include <ifaddrs.h>
+#include <linux/magic.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <ctime>
+
+#include "EgressMaps.h"
+#include "dsec/common/Directory.h"
+#include "dsec/common/Logging.h"
+#include "dsec/common/Process.h"
+#include "dsec/common/Strings.h"
+#include "dsec_egress.skel.h"  // generated from bpf/egress.bpf.c
+
+namespace dsec::backends {
+namespace {
+
+struct Attachment {
+  bpf_program* (*program)(dsec_egress*);
+  bpf_attach_type type;
+};
+const Attachment kAttachments[] = {
+    {[](dsec_egress* s) { return s->progs.dsec_connect4; }, BPF_CGROUP_INET4_CONNECT},
+    {[](dsec_egress* s) { return s->progs.dsec_sendmsg4; }, BPF_CGROUP_UDP4_SENDMSG},
+    {[](dsec_egress* s) { return s->progs.dsec_connect6; }, BPF_CGROUP_INET6_CONNECT},
+    {[](dsec_egress* s) { return s->progs.dsec_sendmsg6; }, BPF_CGROUP_UDP6_SENDMSG},
+};
+constexpr const char* kProgramPrefix = "dsec_";
+
+Ip4Block block(const char* dotted, int prefix_len) {
+  in_addr a{};
+  inet_pton(AF_INET, dotted, &a);
+  return {ntohl(a.s_addr), prefix_len};
+}
+
+// Never reachable whatever the policy, besides the node's own addresses: "this network", link-local (cloud
+// metadata), multicast, broadcast.
+const Ip4Block kAlwaysNever[] = {block("0.0.0.0", 8), block("169.254.0.0", 16), block("224.0.0.0", 4),
+                                 block("255.255.255.255", 32)};
+
+std::string ip4Text(uint32_t host_order) {
+  char buf[INET_ADDRSTRLEN] = {};
+  uint32_t net = htonl(host_order);
+  inet_ntop(AF_INET, &net, buf, sizeof buf);
+  return buf;
+}
+
+double bootSeconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_BOOTTIME, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) / 1e9;
+}
+
+bool matches(const EgressRule& rule, uint32_t ip4, uint16_t port) {
+  if (rule.isDomain() || (rule.port != 0 && rule.port != port)) return false;
+  uint32_t net = 0;
+  std::memcpy(&net, rule.address.data(), 4);
+  const uint32_t mask = rule.prefix_len == 0 ? 0 : ~uint32_t{0} << (32 - rule.prefix_len);
+  return (ip4 & mask) == (ntohl(net) & mask);
+}
+
+dsec_egress_allow_key allowKey(uint64_t cookie, uint32_t generation, const EgressRule& rule) {
+  dsec_egress_allow_key key{};
+  key.prefixlen = DSEC_EGRESS_ALLOW_FIXED_BITS + static_cast<uint32_t>(rule.prefix_len);
+  key.netns_cookie = cookie;
+  key.generation = generation;
+  key.port = htons(rule.port);
+  std::memcpy(&key.ip4, rule.address.data(), 4);
+  return key;
+}
+
+}  // namespace
+
+Result<std::string> EgressFilter::attachDirFor(int cgroup_version, const std::string& parent, const std::string& root) {
+  const std::string base = cgroup_version == 2 ? root : root + "/unified";
+  struct statfs fs {};
+  if (statfs(base.c_str(), &fs) != 0 || fs.f_type != CGROUP2_SUPER_MAGIC) {
+    return Error(ErrorCode::kUnsupported, "egress policies need a cgroup v2 hierarchy for BPF programs, and " + base +
+                                              " is not one (mount cgroup2 there, as systemd's hybrid mode does)");
+  }
+  return base + "/" + parent;
+}
+
+Result<std::unique_ptr<EgressFilter>> EgressFilter::start(const std::string& attach_dir, ViolationSink sink) {
+  std::unique_ptr<EgressFilter> filter(new EgressFilter());
+  filter->sink_ = std::move(sink);
+  filter->skeleton_ = dsec_egress__open_and_load();
+  if (filter->skeleton_ == nullptr) {
+    return Error(ErrorCode::kUnsupported, "the kernel refused the egress BPF programs (cgroup connect/sendmsg hooks)",
+                 errno);
+  }
+  DSEC_TRY(filter->attach(attach_dir));
+  DSEC_TRY(filter->refreshNever());
+  DSEC_TRY(filter->detachOthers(false));
+  filter->ring_ =
+      ring_buffer__new(bpf_map__fd(filter->skeleton_->maps.events), &EgressFilter::onEvent, filter.get(), nullptr);
+  if (filter->ring_ == nullptr) return Error::sys(errno, "open the egress filter's event ring");
+  filter->events_ = std::thread([f = filter.get()] { f->pollEvents(); });
+  return filter;
+}
+
+Status EgressFilter::attach(const std::string& dir) {
+  DSEC_TRY(makeDirs(dir, 0755));
+  cgroup_fd_ = UniqueFd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!cgroup_fd_) return Error::sys(errno, "open " + dir);
+  for (const auto& a : kAttachments) {
+    const int fd = bpf_program__fd(a.program(skeleton_));
+    if (bpf_prog_attach(fd, cgroup_fd_.get(), a.type, BPF_F_ALLOW_MULTI) != 0) {
+      return Error::sys(errno, "attach the egress BPF programs to " + dir);
+    }
+    bpf_prog_info info{};
+    uint32_t len = sizeof info;
+    if (bpf_obj_get_info_by_fd(fd, &info, &len) == 0) program_ids_.push_back(info.id);
+  }
+  return okStatus();
+}
+
+EgressFilter::~EgressFilter() {
+  stop_ = true;
+  if (events_.joinable()) events_.join();
+  if (ring_ != nullptr) ring_buffer__free(ring_);
+  bool idle = false;
+  {
+    std::lock_guard lock(mu_);
+    idle = sandboxes_.empty();
+  }
+  // With sandboxes left the programs stay attached: they go on enforcing the last policies until the next agent
+  // on this directory takes over. With none, nothing needs them.
+  if (idle && skeleton_ != nullptr && cgroup_fd_) {
+    for (const auto& a : kAttachments) {
+      (void)bpf_prog_detach2(bpf_program__fd(a.program(skeleton_)), cgroup_fd_.get(), a.type);
+    }
+  }
+  if (skeleton_ != nullptr) dsec_egress__destroy(skeleton_);
+}
+
+Status EgressFilter::detachOthers(bool all_others) {
+  for (const auto& a : kAttachments) {
+    uint32_t ids[64] = {};
+    uint32_t count = 64;
+    uint32_t flags = 0;
+    if (bpf_prog_query(cgroup_fd_.get(), a.type, 0, &flags, ids, &count) != 0) {
+      return Error::sys(errno, "list the BPF programs on the sandboxes' cgroup");
+    }
+    for (uint32_t i = 0; i < count; ++i) {
+      if (std::find(program_ids_.begin(), program_ids_.end(), ids[i]) != program_ids_.end()) continue;
+      UniqueFd prog(bpf_prog_get_fd_by_id(ids[i]));
+      if (!prog) continue;
+      bpf_prog_info info{};
+      uint32_t map_ids[8] = {};
+      info.nr_map_ids = 8;
+      info.map_ids = reinterpret_cast<uint64_t>(map_ids);
+      uint32_t len = sizeof info;
+      if (bpf_obj_get_info_by_fd(prog.get(), &info, &len) != 0) continue;
+      if (std::strncmp(info.name, kProgramPrefix, std::strlen(kProgramPrefix)) != 0) continue;  // not ours
+      bool enforcing = false;
+      for (uint32_t m = 0; m < std::min<uint32_t>(info.nr_map_ids, 8) && !all_others; ++m) {
+        UniqueFd map(bpf_map_get_fd_by_id(map_ids[m]));
+        bpf_map_info map_info{};
+        uint32_t map_len = sizeof map_info;
+        if (!map || bpf_obj_get_info_by_fd(map.get(), &map_info, &map_len) != 0) continue;
+        uint64_t key = 0;
+        if (std::strcmp(map_info.name, "sandboxes") == 0 && bpf_map_get_next_key(map.get(), nullptr, &key) == 0) {
+          enforcing = true;
+        }
+      }
+      if (!enforcing) (void)bpf_prog_detach2(prog.get(), cgroup_fd_.get(), a.type);
+    }
+  }
+  return okStatus();
+}
+
+Status EgressFilter::refreshNever() {
+  std::vector<Ip4Block> blocks(std::begin(kAlwaysNever), std::end(kAlwaysNever));
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) return Error::sys(errno, "list the node's addresses");
+  for (ifaddrs* it = list; it != nullptr; it = it->ifa_next) {
+    if (it->ifa_addr == nullptr || it->ifa_addr->sa_family != AF_INET) continue;
+    const uint32_t address = ntohl(reinterpret_cast<sockaddr_in*>(it->ifa_addr)->sin_addr.s_addr);
+    if ((address >> 24) == 127) continue;  // a sandbox's 127/8 is its own loopback
+    blocks.push_back({address, 32});
+  }
+  freeifaddrs(list);
+  std::lock_guard lock(mu_);
+  blocks.insert(blocks.end(), extra_never_.begin(), extra_never_.end());
+  const int fd = bpf_map__fd(skeleton_->maps.never);
+  for (const auto& old : never_installed_) {
+    dsec_egress_never_key key{static_cast<uint32_t>(old.prefix_len), htonl(old.address)};
+    (void)bpf_map_delete_elem(fd, &key);
+  }
+  never_installed_.clear();
+  for (const auto& b : blocks) {
+    const uint32_t mask = b.prefix_len == 0 ? 0 : ~uint32_t{0} << (32 - b.prefix_len);
+    dsec_egress_never_key key{static_cast<uint32_t>(b.prefix_len), htonl(b.address & mask)};
+    const uint8_t one = 1;
+    if (bpf_map_update_elem(fd, &key, &one, BPF_ANY) != 0) return Error::sys(errno, "fill the egress deny map");
+    never_installed_.push_back(b);
+  }
+  return okStatus();
+}
+
+Status EgressFilter::setNever(const std::vector<Ip4Block>& extra) {
+  {
+    std::lock_guard lock(mu_);
+    extra_never_ = extra;
+  }
+  return refreshNever();
+}
+
+void EgressFilter::eraseEntries(uint64_t netns_cookie, const SandboxPolicy& policy) {
+  const int allow_fd = bpf_map__fd(skeleton_->maps.allow);
+  for (const auto& rule : policy.policy.rules) {
+    if (rule.isDomain()) continue;
+    auto key = allowKey(netns_cookie, policy.generation, rule);
+    (void)bpf_map_delete_elem(allow_fd, &key);
+  }
+  const int resolved_fd = bpf_map__fd(skeleton_->maps.resolved);
+  for (const auto& [where, expiry] : policy.resolved) {
+    dsec_egress_resolved_key key{};
+    key.netns_cookie = netns_cookie;
+    key.generation = policy.generation;
+    key.ip4 = htonl(where.first);
+    key.port = htons(where.second);
+    (void)bpf_map_delete_elem(resolved_fd, &key);
+  }
+}
+
+Status EgressFilter::setPolicy(uint64_t netns_cookie, const EgressPolicy& policy, uint32_t resolver_ip4) {
+  DSEC_TRY(refreshNever());  // the node's addresses as they are now
+  std::lock_guard lock(mu_);
+  SandboxPolicy next;
+  auto found = sandboxes_.find(netns_cookie);
+  next.generation = found == sandboxes_.end() ? 1 : found->second.generation + 1;
+  next.resolver_ip4 = resolver_ip4;
+  next.policy = policy;
+  const int allow_fd = bpf_map__fd(skeleton_->maps.allow);
+  for (const auto& rule : policy.rules) {
+    if (rule.isDomain()) continue;
+    auto key = allowKey(netns_cookie, next.generation, rule);
+    const auto prefix = static_cast<uint8_t>(rule.prefix_len);
+    if (bpf_map_update_elem(allow_fd, &key, &prefix, BPF_ANY) != 0) {
+      const int err = errno;
+      eraseEntries(netns_cookie, next);
+      return Error::sys(err, "install egress rule " + rule.text);
+    }
+  }
+  // The switch: from this write on, every connect and send sees the new generation's entries only.
+  dsec_egress_sandbox entry{next.generation, htonl(resolver_ip4)};
+  if (bpf_map_update_elem(bpf_map__fd(skeleton_->maps.sandboxes), &netns_cookie, &entry, BPF_ANY) != 0) {
+    const int err = errno;
+    eraseEntries(netns_cookie, next);
+    return Error::sys(err, "install the sandbox's egress policy");
+  }
+  if (found != sandboxes_.end()) eraseEntries(netns_cookie, found->second);
+  sandboxes_[netns_cookie] = std::move(next);
+  return okStatus();
+}
+
+Status EgressFilter::allowResolved(uint64_t netns_cookie, uint32_t ip4, uint16_t port, double ttl_seconds) {
+  std::lock_guard lock(mu_);
+  auto found = sandboxes_.find(netns_cookie);
+  if (found == sandboxes_.end()) return Error::notFound("no egress policy for this network namespace");
+  dsec_egress_resolved_key key{};
+  key.netns_cookie = netns_cookie;
+  key.generation = found->second.generation;
+  key.ip4 = htonl(ip4);
+  key.port = htons(port);
+  const double expiry = bootSeconds() + ttl_seconds;
+  dsec_egress_resolved value{static_cast<uint64_t>(expiry * 1e9)};
+  if (bpf_map_update_elem(bpf_map__fd(skeleton_->maps.resolved), &key, &value, BPF_ANY) != 0) {
+    return Error::sys(errno, "allow resolved address " + ip4Text(ip4));
+  }
+  found->second.resolved[{ip4, port}] = expiry;
+  return okStatus();
+}
+
+void EgressFilter::remove(uint64_t netns_cookie) {
+  std::lock_guard lock(mu_);
+  auto found = sandboxes_.find(netns_cookie);
+  if (found == sandboxes_.end()) return;
+  (void)bpf_map_delete_elem(bpf_map__fd(skeleton_->maps.sandboxes), &netns_cookie);
+  eraseEntries(netns_cookie, found->second);
+  sandboxes_.erase(found);
+}
+
+bool EgressFilter::allows(uint64_t netns_cookie, uint32_t ip4, uint16_t port) {
+  std::lock_guard lock(mu_);
+  auto found = sandboxes_.find(netns_cookie);
+  if (found == sandboxes_.end()) return true;
+  if ((ip4 >> 24) == 127) return true;
+  const SandboxPolicy& sb = found->second;
+  if (sb.resolver_ip4 != 0 && ip4 == sb.resolver_ip4 && port == 53) return true;
+  bool listed_host = false;
+  bool listed = false;
+  for (const auto& rule : sb.policy.rules) {
+    if (!matches(rule, ip4, port)) continue;
+    listed = true;
+    listed_host = listed_host || rule.prefix_len == 32;
+  }
+  for (const auto& never : never_installed_) {
+    const uint32_t mask = never.prefix_len == 0 ? 0 : ~uint32_t{0} << (32 - never.prefix_len);
+    if ((ip4 & mask) == (never.address & mask)) return listed_host;
+  }
+  if (listed) return true;
+  const double now = bootSeconds();
+  for (uint16_t p : {port, uint16_t{0}}) {
+    auto hit = sb.resolved.find({ip4, p});
+    if (hit != sb.resolved.end() && hit->second > now) return true;
+  }
+  return false;
+}
+
+void EgressFilter::pollEvents() {
+  while (!stop_) {
+    int rc = ring_buffer__poll(ring_, 200);
+    if (rc < 0 && rc != -EINTR) {
+      DSEC_LOG(kWarn, "container") << "egress filter: reading refusals failed: " << std::strerror(-rc);
+      return;
+    }
+  }
+}
+
+int EgressFilter::onEvent(void* ctx, void* data, size_t size) {
+  static_cast<EgressFilter*>(ctx)->deliver(data, size);
+  return 0;
+}
+
+void EgressFilter::deliver(const void* data, size_t size) {
+  if (size < sizeof(dsec_egress_event) || !sink_) return;
+  dsec_egress_event e{};
+  std::memcpy(&e, data, sizeof e);
+  Violation v;
+  v.time_unix = static_cast<double>(time(nullptr)) - (bootSeconds() - static_cast<double>(e.time_boot_ns) / 1e9);
+  v.kind = ViolationKind::kConnect;
+  const uint16_t port = ntohs(e.port);
+  if (e.reason == DSEC_EGRESS_IPV6) {
+    char buf[INET6_ADDRSTRLEN] = {};
+    inet_ntop(AF_INET6, e.ip6, buf, sizeof buf);
+    v.target = "[" + std::string(buf) + "]:" + std::to_string(port);
+  } else {
+    v.target = ip4Text(ntohl(e.ip4)) + ":" + std::to_string(port);
+  }
+  const char* proto = e.sock_type == SOCK_STREAM ? "tcp" : e.sock_type == SOCK_DGRAM ? "udp" : "socket";
+  const char* op = e.op == 0 ? "connect" : "send";
+  const char* why = e.reason == DSEC_EGRESS_NODE   ? "the node, link-local and the fleet are never reachable"
+                    : e.reason == DSEC_EGRESS_IPV6 ? "no IPv6 egress"
+                                                   : "not in the egress policy";
+  v.detail = std::string(proto) + " " + op + " refused: " + why;
+  sink_(e.netns_cookie, std::move(v));
+}
+
+}  // namespace dsec::backends

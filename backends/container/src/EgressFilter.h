@@ -1,0 +1,107 @@
+// The kernel side of sandboxes' egress policies: BPF programs on connect() and sendmsg() (bpf/egress.bpf.c),
+// attached once to the cgroup v2 directory above every sandbox of this backend, and the maps that hold each
+// sandbox's policy keyed by its network namespace's cookie. Refusals come back through a ring buffer and are handed
+// to a sink on the filter's own thread.
+//
+// A policy change is one map write: allow entries carry a generation, and the sandbox's entry names the generation
+// in force, so a connect sees the old policy or the new one, never a mix. Programs are attached with
+// BPF_F_ALLOW_MULTI and stay attached when the agent exits (a sandbox outliving its agent keeps its last policy);
+// the next agent on the same directory attaches its own, restores the policies of the sandboxes it adopts, then
+// detaches the earlier ones (detachOthers).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dsec/backends/NetworkPolicy.h"
+#include "dsec/common/Fd.h"
+#include "dsec/common/Result.h"
+
+struct dsec_egress;
+struct ring_buffer;
+
+namespace dsec::backends {
+
+// An IPv4 block in host order.
+struct Ip4Block {
+  uint32_t address = 0;
+  int prefix_len = 32;
+};
+
+class EgressFilter {
+ public:
+  using ViolationSink = std::function<void(uint64_t netns_cookie, Violation violation)>;
+
+  // Loads the programs and attaches them to attach_dir (a cgroup v2 directory, made if missing); refusals go to sink.
+  static Result<std::unique_ptr<EgressFilter>> start(const std::string& attach_dir, ViolationSink sink);
+  ~EgressFilter();
+  EgressFilter(const EgressFilter&) = delete;
+  EgressFilter& operator=(const EgressFilter&) = delete;
+
+  // The cgroup v2 directory above every sandbox of a backend whose cgroups live under parent: the v2 tree's own
+  // <parent>, or on a v1 host the cgroup2 hierarchy mounted beside it (root/unified/<parent>). kUnsupported when
+  // there is none.
+  static Result<std::string> attachDirFor(int cgroup_version, const std::string& parent,
+                                          const std::string& root = "/sys/fs/cgroup");
+
+  // Addresses no sandbox reaches whatever its policy (the node's own are always added): the fleet's gateways and
+  // the like. Replaces the previous extra set.
+  Status setNever(const std::vector<Ip4Block>& extra);
+  // Installs or replaces a sandbox's policy (domain rules take effect through allowResolved). resolver_ip4 (host
+  // order; 0 = none) is where the sandbox may send DNS queries (port 53).
+  Status setPolicy(uint64_t netns_cookie, const EgressPolicy& policy, uint32_t resolver_ip4);
+  // Lets a sandbox reach an address its resolver answered for an allowed name, until the answer's TTL runs out.
+  Status allowResolved(uint64_t netns_cookie, uint32_t ip4, uint16_t port, double ttl_seconds);
+  // Forgets a sandbox (destroyed). Its namespace's cookie is never reused.
+  void remove(uint64_t netns_cookie);
+  // Whether the sandbox's current policy lets it reach ip4:port (host order), as the programs decide.
+  bool allows(uint64_t netns_cookie, uint32_t ip4, uint16_t port);
+  // Detaches the dsec egress programs on the directory other than this filter's (an earlier agent's): all of them
+  // once the sandboxes this agent adopted have their policies back (all_others), else only those with no sandbox
+  // left to enforce.
+  Status detachOthers(bool all_others);
+
+ private:
+  EgressFilter() = default;
+  Status attach(const std::string& dir);
+  Status refreshNever();
+  void pollEvents();
+  void deliver(const void* data, size_t size);
+  static int onEvent(void* ctx, void* data, size_t size);
+
+  struct SandboxPolicy {
+    uint32_t generation = 0;
+    uint32_t resolver_ip4 = 0;
+    EgressPolicy policy;
+    std::map<std::pair<uint32_t, uint16_t>, double> resolved;  // (ip4, port) -> expiry (monotonic seconds)
+  };
+  void eraseEntries(uint64_t netns_cookie, const SandboxPolicy& policy);
+
+  dsec_egress* skeleton_ = nullptr;
+  UniqueFd cgroup_fd_;
+  std::vector<uint32_t> program_ids_;
+  ViolationSink sink_;
+  ::ring_buffer* ring_ = nullptr;
+  std::thread events_;
+  std::atomic<bool> stop_{false};
+  std::mutex mu_;
+  std::map<uint64_t, SandboxPolicy> sandboxes_;
+  std::vector<Ip4Block> extra_never_;
+  std::vector<Ip4Block> never_installed_;
+};
+
+// The cookie of the network namespace pid is in (SO_NETNS_COOKIE on a socket made there).
+Result<uint64_t> netnsCookieOf(int pidfd);
+// Destroys the TCP sockets (any state) and connected UDP sockets in pid's network namespace whose peer keep()
+// refuses (host-order address and port); returns how many. SOCK_DESTROY through sock_diag: the process sees
+// ECONNABORTED on its next call.
+Result<int> cutSockets(int pidfd, const std::function<bool(uint32_t ip4, uint16_t port)>& keep);
+
+}  // namespace dsec::backends
