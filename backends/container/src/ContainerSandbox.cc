@@ -242,7 +242,6 @@ Status ContainerSandbox::destroy() {
   // and return. A frozen task cannot die, so thaw after the signal is queued.
   if (init_.pidfd) (void)syscall(SYS_pidfd_send_signal, init_.pidfd.get(), SIGKILL, nullptr, 0);
   if (was_paused) (void)cgroup_->thaw();
-  forgetEgress();
   reapSpawned(10);
   Status killed = killAndWaitInit(init_, 10);
   {
@@ -255,8 +254,12 @@ Status ContainerSandbox::destroy() {
   auto left = cgroup_->pids();
   Status emptied = left.ok() && left->empty() ? okStatus() : cgroup_->killAll();
   Status removed = cgroup_->remove();
-  // Only a sandbox known to be gone gives its host id range back; after a failure the handle keeps it.
-  if (killed.ok() && emptied.ok()) init_.lease.reset();
+  // Only a sandbox known to be gone gives its host id range back, and its egress policy: until its processes are
+  // gone the policy must hold (a namespace missing from the filter's map is let through).
+  if (killed.ok() && emptied.ok()) {
+    init_.lease.reset();
+    forgetEgress();
+  }
   {
     std::lock_guard lock(shared_->mu);
     shared_->live.erase(spec_.id);
