@@ -74,9 +74,7 @@ Status validateSpec(const SandboxSpec& spec) {
   if (!spec.egress.rules.empty() && spec.network != NetworkMode::kEgress) {
     return Error::invalid("an egress policy needs network \"egress\" (a network link)");
   }
-  if (!spec.protected_paths.empty()) {
-    return Error(ErrorCode::kUnsupported, "protected paths are not built yet");
-  }
+  DSEC_TRY(parseProtectedPaths(spec.protected_paths));
   for (const auto& [k, v] : spec.env) {
     if (k.empty() || k.find_first_of("=\0", 0, 2) != std::string::npos || v.find('\0') != std::string::npos) {
       return Error::invalid("bad environment variable: " + k);
@@ -357,9 +355,18 @@ class ContainerBackend : public Backend {
     }
     SandboxSpec stored = spec;
     if (stored.disk_bytes == 0) stored.disk_bytes = disk;
+    if (auto parsed = parseProtectedPaths(spec.protected_paths); parsed.ok()) stored.protected_paths = *parsed;
+    auto sandbox =
+        std::make_unique<ContainerSandbox>(shared_, std::move(stored), std::move(init), std::move(cgroup), false, 0);
+    if (!spec.protected_paths.empty()) {
+      // Before anything runs in it: nothing inside holds a reference from before.
+      if (Status s = sandbox->setProtectedPaths(sandbox->spec().protected_paths); !s.ok()) {
+        (void)sandbox->destroy();
+        return s.error().wrap("create sandbox " + spec.id);
+      }
+    }
     DSEC_LOG(kDebug, "container") << "created " << spec.id << " in " << (monotonicSeconds() - start) * 1000 << " ms";
-    return std::unique_ptr<Sandbox>(
-        std::make_unique<ContainerSandbox>(shared_, std::move(stored), std::move(init), std::move(cgroup), false, 0));
+    return std::unique_ptr<Sandbox>(std::move(sandbox));
   }
 
   Result<std::unique_ptr<Sandbox>> adopt(const nlohmann::json& state) override {
@@ -420,8 +427,16 @@ class ContainerBackend : public Backend {
       std::lock_guard lock(shared_->mu);
       shared_->live.insert(spec.id);
     }
-    return std::unique_ptr<Sandbox>(std::make_unique<ContainerSandbox>(shared_, std::move(spec), std::move(init),
-                                                                       std::move(*cgroup), paused, oom_kills));
+    // The protection's mounts live in the sandbox; the list of them comes back from the record.
+    std::vector<std::string> protected_paths;
+    try {
+      protected_paths = state.value("protected_paths", std::vector<std::string>{});
+    } catch (const nlohmann::json::exception& e) {
+      return Error::invalid(std::string("bad protected paths in container sandbox state: ") + e.what());
+    }
+    DSEC_ASSIGN_OR_RETURN(protected_paths, parseProtectedPaths(protected_paths));
+    return std::unique_ptr<Sandbox>(std::make_unique<ContainerSandbox>(
+        shared_, std::move(spec), std::move(init), std::move(*cgroup), paused, oom_kills, std::move(protected_paths)));
   }
 
   Status reap(const nlohmann::json& state) override {

@@ -22,6 +22,7 @@
 
 #include "EgressNetwork.h"
 #include "JoinFdCache.h"
+#include "PathProtection.h"
 #include "Spawn.h"
 #include "UserNamespace.h"
 #include "ViolationLog.h"
@@ -66,7 +67,8 @@ struct InitProcess {
 class ContainerSandbox : public Sandbox {
  public:
   ContainerSandbox(std::shared_ptr<ContainerShared> shared, SandboxSpec spec, InitProcess init,
-                   std::unique_ptr<Cgroup> cgroup, bool paused, int64_t oom_kills);
+                   std::unique_ptr<Cgroup> cgroup, bool paused, int64_t oom_kills,
+                   std::vector<std::string> protected_in_force = {});
   ~ContainerSandbox() override;
 
   const SandboxSpec& spec() const override { return spec_; }
@@ -78,9 +80,9 @@ class ContainerSandbox : public Sandbox {
   bool supportsStdinFd() const override { return true; }
   Result<LongRunningProcess> spawn(const ExecRequest& request) override;
   Status setMemoryLimit(int64_t bytes) override;
-  Status setEgress(const EgressPolicy& policy) override;                   // SandboxPolicyOps.cc
-  Status setProtectedPaths(const std::vector<std::string>& paths) override;  // SandboxPolicyOps.cc
-  Result<std::vector<Violation>> violations() override;                   // SandboxPolicyOps.cc
+  Status setEgress(const EgressPolicy& policy) override;                     // SandboxPolicyOps.cc
+  Status setProtectedPaths(const std::vector<std::string>& paths) override;  // ProtectedPaths.cc
+  Result<std::vector<Violation>> violations() override;                      // SandboxPolicyOps.cc
 
   Result<UniqueFd> openForRead(const std::string& path) override;
   Result<UniqueFd> openForWrite(const std::string& path, uint32_t mode) override;
@@ -110,6 +112,9 @@ class ContainerSandbox : public Sandbox {
   Result<Use> acquire(bool need_running);
   // The sandbox's root (O_PATH), for one file operation (under a Use).
   Result<UniqueFd> openRoot() const;
+  // Where one file operation resolves path (under a Use): the sandbox's root, or, for a path protection is in
+  // the way of, a writable clone of the mount that holds it (ProtectedPaths.cc).
+  Result<FileRoute> fileRoute(const std::string& path);
   Result<ExecResult> run(const ExecRequest& request, ExecSink* sink);
   // Sets result.oom_killed when the cgroup counted an OOM kill that no earlier exec reported.
   void noteOomKill(ExecResult& result);
@@ -148,6 +153,8 @@ class ContainerSandbox : public Sandbox {
   // What its processes were refused; shared with whatever reports refusals (egress filter, resolver).
   std::shared_ptr<ViolationLog> violations_ = std::make_shared<ViolationLog>();
   std::mutex policy_mu_;  // one policy change at a time
+  // Protected paths in force (the list changes at runtime; spec_ keeps the one it was created with).
+  std::unique_ptr<PathProtection> protection_;
 };
 
 // The files a freshly cloned (single-threaded) child writes "0" into to join the sandbox cgroup. On cgroup v1

@@ -14,13 +14,6 @@ Status ContainerSandbox::setEgress(const EgressPolicy& policy) {
   return Error(ErrorCode::kUnsupported, "changing the egress policy of a running sandbox is not built yet");
 }
 
-Status ContainerSandbox::setProtectedPaths(const std::vector<std::string>& paths) {
-  DSEC_ASSIGN_OR_RETURN(std::vector<std::string> normal, parseProtectedPaths(paths));
-  (void)normal;
-  DSEC_ASSIGN_OR_RETURN(Use use, acquire(false));
-  return Error(ErrorCode::kUnsupported, "protected paths are not built yet");
-}
-
 Result<std::vector<Violation>> ContainerSandbox::violations() {
   DSEC_ASSIGN_OR_RETURN(Use use, acquire(false));
   return violations_->list();
