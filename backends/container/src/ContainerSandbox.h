@@ -23,6 +23,7 @@
 #include "EgressFilter.h"
 #include "EgressNetwork.h"
 #include "JoinFdCache.h"
+#include "PathProtection.h"
 #include "Spawn.h"
 #include "UserNamespace.h"
 #include "ViolationLog.h"
@@ -77,7 +78,8 @@ struct InitProcess {
 class ContainerSandbox : public Sandbox {
  public:
   ContainerSandbox(std::shared_ptr<ContainerShared> shared, SandboxSpec spec, InitProcess init,
-                   std::unique_ptr<Cgroup> cgroup, bool paused, int64_t oom_kills);
+                   std::unique_ptr<Cgroup> cgroup, bool paused, int64_t oom_kills,
+                   std::vector<std::string> protected_in_force = {});
   ~ContainerSandbox() override;
 
   const SandboxSpec& spec() const override { return spec_; }
@@ -92,7 +94,7 @@ class ContainerSandbox : public Sandbox {
   // Puts the sandbox under the egress filter with its policy (create, adopt); resolver_ip4 in host order.
   Status enforceEgress(const EgressPolicy& policy, uint32_t resolver_ip4);   // SandboxEgress.cc
   Status setEgress(const EgressPolicy& policy) override;                     // SandboxEgress.cc
-  Status setProtectedPaths(const std::vector<std::string>& paths) override;  // SandboxPolicyOps.cc
+  Status setProtectedPaths(const std::vector<std::string>& paths) override;  // ProtectedPaths.cc
   Result<std::vector<Violation>> violations() override;                      // SandboxPolicyOps.cc
 
   Result<UniqueFd> openForRead(const std::string& path) override;
@@ -123,6 +125,9 @@ class ContainerSandbox : public Sandbox {
   Result<Use> acquire(bool need_running);
   // The sandbox's root (O_PATH), for one file operation (under a Use).
   Result<UniqueFd> openRoot() const;
+  // Where one file operation resolves path (under a Use): the sandbox's root, or, for a path protection is in
+  // the way of, a writable clone of the mount that holds it (ProtectedPaths.cc).
+  Result<FileRoute> fileRoute(const std::string& path);
   Result<ExecResult> run(const ExecRequest& request, ExecSink* sink);
   // Sets result.oom_killed when the cgroup counted an OOM kill that no earlier exec reported.
   void noteOomKill(ExecResult& result);
@@ -161,12 +166,10 @@ class ContainerSandbox : public Sandbox {
   // What its processes were refused; shared with whatever reports refusals (egress filter, resolver).
   std::shared_ptr<ViolationLog> violations_ = std::make_shared<ViolationLog>();
   std::mutex policy_mu_;  // one policy change at a time
-  // Under the egress filter (enforceEgress): its network namespace's cookie (0 = not), the resolver it may query
-  // and the policy in force now (spec_.egress is the one it was created with). Under policy_mu_.
-  uint64_t netns_cookie_ = 0;
-  uint32_t resolver_ip4_ = 0;
-  EgressPolicy egress_;
-  void forgetEgress();
+  // Puts the sandbox under the egress filter with its policy (create, adopt); resolver_ip4 in host order.
+  Status enforceEgress(const EgressPolicy& policy, uint32_t resolver_ip4);   // SandboxEgress.cc
+  Status setEgress(const EgressPolicy& policy) override;                     // SandboxEgress.cc
+  Status setProtectedPaths(const std::vector<std::string>& paths) override;  // ProtectedPaths.cc
 };
 
 // The files a freshly cloned (single-threaded) child writes "0" into to join the sandbox cgroup. On cgroup v1
