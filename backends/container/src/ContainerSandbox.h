@@ -166,10 +166,14 @@ class ContainerSandbox : public Sandbox {
   // What its processes were refused; shared with whatever reports refusals (egress filter, resolver).
   std::shared_ptr<ViolationLog> violations_ = std::make_shared<ViolationLog>();
   std::mutex policy_mu_;  // one policy change at a time
-  // Puts the sandbox under the egress filter with its policy (create, adopt); resolver_ip4 in host order.
-  Status enforceEgress(const EgressPolicy& policy, uint32_t resolver_ip4);   // SandboxEgress.cc
-  Status setEgress(const EgressPolicy& policy) override;                     // SandboxEgress.cc
-  Status setProtectedPaths(const std::vector<std::string>& paths) override;  // ProtectedPaths.cc
+  // Under the egress filter (enforceEgress): its network namespace's cookie (0 = not), the resolver it may query
+  // and the policy in force now (spec_.egress is the one it was created with). Under policy_mu_.
+  uint64_t netns_cookie_ = 0;
+  uint32_t resolver_ip4_ = 0;
+  EgressPolicy egress_;
+  void forgetEgress();
+  // Protected paths in force (the list changes at runtime; spec_ keeps the one it was created with).
+  std::unique_ptr<PathProtection> protection_;
 };
 
 // The files a freshly cloned (single-threaded) child writes "0" into to join the sandbox cgroup. On cgroup v1
