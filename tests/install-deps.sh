@@ -9,7 +9,7 @@ PACKAGES=(
   libboost-dev libboost-program-options-dev nlohmann-json3-dev libseccomp-dev libcap-dev libssl-dev
   libnftables-dev nftables
   libgtest-dev libgmock-dev
-  # layers, sandboxes, placement
+  # layers, sandboxes, placement (git, listed above, also makes `dsec layer build --scrub-git` layers)
   erofs-utils debootstrap busybox-static iproute2 util-linux patch libhwloc-dev hwloc
   # a local Slurm cluster for the Slurm tests (slurmctld, slurmd, munge, Open MPI with PMIx)
   slurmctld slurmd slurm-client munge libslurm-dev openmpi-bin libopenmpi-dev libpmix-dev

@@ -11,6 +11,12 @@
 #include <string>
 #include <vector>
 
+#include <arpa/inet.h>
+#include <bpf/bpf.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include "dsec/backends/container/ContainerBackend.h"
 #include "dsec/common/Logging.h"
 #include "dsec/common/Strings.h"
@@ -19,6 +25,76 @@ namespace po = boost::program_options;
 using namespace dsec;
 
 namespace {
+
+// What the egress programs cost per call: the kernel's own accounting (kernel.bpf_stats_enabled) of the dsec_
+// programs, read before and after the sandbox makes `connects` connects to its own address (refused at once, so
+// the connect itself is cheap and local). Also the wall time of a plain connect() refused on loopback here, for
+// scale.
+struct ProgramStats {
+  uint64_t runs = 0;
+  uint64_t ns = 0;
+};
+
+ProgramStats egressProgramStats() {
+  ProgramStats total;
+  uint32_t id = 0;
+  while (bpf_prog_get_next_id(id, &id) == 0) {
+    int fd = bpf_prog_get_fd_by_id(id);
+    if (fd < 0) continue;
+    bpf_prog_info info{};
+    uint32_t len = sizeof info;
+    if (bpf_obj_get_info_by_fd(fd, &info, &len) == 0 && std::string(info.name).rfind("dsec_connect", 0) == 0) {
+      total.runs += info.run_cnt;
+      total.ns += info.run_time_ns;
+    }
+    close(fd);
+  }
+  return total;
+}
+
+double loopbackConnectMicros(int n) {
+  std::vector<double> samples;
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(9);
+  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  for (int i = 0; i < n; ++i) {
+    int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    double start = monotonicSeconds();
+    (void)connect(s, reinterpret_cast<sockaddr*>(&to), sizeof to);
+    samples.push_back((monotonicSeconds() - start) * 1e6);
+    close(s);
+  }
+  std::sort(samples.begin(), samples.end());
+  return samples[samples.size() / 2];
+}
+
+Result<nlohmann::json> probeConnects(backends::Backend& backend, const backends::SandboxSpec& base, int connects) {
+  backends::SandboxSpec spec = base;
+  spec.id = "bench-" + randomHex(12);
+  DSEC_ASSIGN_OR_RETURN(auto sandbox, backend.create(spec));
+  const char* stats_file = "/proc/sys/kernel/bpf_stats_enabled";
+  auto was = readFile(stats_file);
+  (void)writeFile(stats_file, "1");
+  ProgramStats before = egressProgramStats();
+  backends::ExecRequest request;
+  request.argv = {"/bin/sh", "-c",
+                  "a=$(ip -4 addr show eth0 | sed -n 's/.*inet \\([0-9.]*\\).*/\\1/p'); i=0; "
+                  "while [ $i -lt " + std::to_string(connects) + " ]; do nc -w 1 $a 9 </dev/null 2>/dev/null; "
+                  "i=$((i+1)); done"};
+  request.timeout_seconds = 600;
+  auto ran = sandbox->exec(request);
+  ProgramStats after = egressProgramStats();
+  if (was.ok()) (void)writeFile(stats_file, trim(*was));
+  (void)sandbox->destroy();
+  if (!ran.ok()) return ran.error().wrap("connect probe");
+  const uint64_t runs = after.runs - before.runs;
+  if (runs == 0) return Error::internal("the egress programs did not run (bpf stats off, or no programs attached)");
+  return nlohmann::json{{"connects", connects},
+                        {"program_runs", runs},
+                        {"policy_check_ns", static_cast<double>(after.ns - before.ns) / static_cast<double>(runs)},
+                        {"loopback_connect_us", loopbackConnectMicros(2000)}};
+}
 
 double percentile(std::vector<double> samples, double p) {
   if (samples.empty()) return 0;
@@ -60,15 +136,19 @@ int run(int argc, char** argv) {
   int iterations = 200;
   int warmup = 5;
   bool quiet = false;
+  int connect_probe = 0;
   po::options_description desc("usage: dsec-bench-create-loop --lower ROOTFS [options]");
   desc.add_options()("help,h", "print this help")("lower", po::value<std::string>(&lower)->required(),
                                                   "rootfs directory used as the (only) lower layer")(
       "iterations", po::value<int>(&iterations)->default_value(200), "timed iterations")(
       "warmup", po::value<int>(&warmup)->default_value(5), "untimed iterations first")(
       "network", po::value<std::string>(&network)->default_value("none"),
-      "none (loopback only) or egress (veth and NAT)")("init", po::value<std::string>(&init),
+      "none (loopback only), egress (veth and NAT, anywhere but the node) or policy (veth, NAT and an egress policy "
+      "of 16 rules)")("init", po::value<std::string>(&init),
                                                        "path of dsec-sandbox-init (default: next to this binary)")(
-      "quiet", po::bool_switch(&quiet), "only the JSON summary");
+      "quiet", po::bool_switch(&quiet), "only the JSON summary")(
+      "connect-probe", po::value<int>(&connect_probe)->default_value(0),
+      "with --network policy: N connects in one sandbox, reporting the egress programs' cost per check");
   try {
     po::variables_map vm;
     po::store(po::parse_command_line(argc, argv, desc), vm);
@@ -81,8 +161,8 @@ int run(int argc, char** argv) {
     std::cerr << "dsec-bench-create-loop: " << e.what() << "\n";
     return 2;
   }
-  if (network != "none" && network != "egress") {
-    std::cerr << "dsec-bench-create-loop: --network must be none or egress\n";
+  if (network != "none" && network != "egress" && network != "policy") {
+    std::cerr << "dsec-bench-create-loop: --network must be none, egress or policy\n";
     return 2;
   }
   setLogLevel(LogLevel::kWarn);
@@ -101,7 +181,21 @@ int run(int argc, char** argv) {
   spec.cpus = 1;
   spec.pids = 1024;
   spec.disk_bytes = 1LL << 30;
-  spec.network = network == "egress" ? backends::NetworkMode::kEgress : backends::NetworkMode::kNone;
+  spec.network = network == "none" ? backends::NetworkMode::kNone : backends::NetworkMode::kEgress;
+  if (network != "none") {
+    // "egress": the route anywhere but the node; "policy": what a rollout's setup stage might list.
+    std::vector<std::string> rules = {"0.0.0.0/0"};
+    if (network == "policy") {
+      rules = {"deb.debian.org:80", "pypi.org:443", "files.pythonhosted.org:443", "*.githubusercontent.com:443"};
+      for (int i = 0; i < 12; ++i) rules.push_back("10." + std::to_string(i) + ".0.0/16:443");
+    }
+    auto policy = backends::parseEgressPolicy(rules);
+    if (!policy.ok()) {
+      std::cerr << "dsec-bench-create-loop: " << policy.error().message() << "\n";
+      return 1;
+    }
+    spec.egress = *policy;
+  }
   spec.env = {{"PATH", "/usr/sbin:/usr/bin:/sbin:/bin"}};
 
   std::vector<double> samples, creates, execs, destroys;
@@ -125,6 +219,14 @@ int run(int argc, char** argv) {
                          {"create_p50_ms", percentile(creates, 50)},
                          {"exec_p50_ms", percentile(execs, 50)},
                          {"destroy_p50_ms", percentile(destroys, 50)}};
+  if (connect_probe > 0 && network != "none") {
+    auto probe = probeConnects(**backend, spec, connect_probe);
+    if (!probe.ok()) {
+      std::cerr << "dsec-bench-create-loop: " << probe.error().message() << "\n";
+      return 1;
+    }
+    summary["connect_probe"] = *probe;
+  }
   std::cout << summary.dump() << std::endl;
   return 0;
 }

@@ -5,6 +5,7 @@
 #include "Commands.h"
 #include "LayerBuild.h"
 #include "Table.h"
+#include "dsec/common/Process.h"
 #include "dsec/common/Strings.h"
 #include "dsec/fs3/LayerRef.h"
 #include "dsec/fs3/LayerStore.h"
@@ -17,6 +18,15 @@ fs3::LayerRef parseRefArg(const std::string& text) {
   auto ref = fs3::parseLayerRef(text);
   if (!ref.ok()) throw UsageError(ref.error().message());
   return *ref;
+}
+
+void printScrubbed(const std::vector<fs3::ScrubbedRepository>& scrubbed) {
+  if (scrubbed.empty()) std::cout << "--scrub-git: no git repository found; nothing to scrub\n";
+  for (const auto& repo : scrubbed) {
+    std::cout << "scrubbed git repository " << repo.path << ": one commit " << repo.commit.substr(0, 12)
+              << (repo.branch.empty() ? " (detached HEAD)" : " on branch " + repo.branch)
+              << "; no history, other refs, reflogs, stash, remotes or hooks\n";
+  }
 }
 
 void printManifest(const fs3::LayerManifest& m) {
@@ -33,13 +43,16 @@ int layerBuild(const Invocation& inv) {
       "debootstrap", po::value<std::string>(), "make a Debian base layer: debootstrap --variant=minbase SUITE")(
       "mirror", po::value<std::string>(), "with --debootstrap: the Debian mirror URL")(
       "on", po::value<std::string>(), "with --run: the image to run on, e.g. debian:12")(
-      "run", po::value<std::string>(), "with --on: shell command whose file changes become the layer");
+      "run", po::value<std::string>(), "with --on: shell command whose file changes become the layer")(
+      "scrub-git", po::bool_switch(),
+      "with --from-dir or --run: replace each git repository by one commit of its working tree (no history)");
   po::positional_options_description positional;
   positional.add("ref", 1);
   po::variables_map vm;
-  if (!parseCommandLine(inv, inv.args, desc, positional,
-                        "NAME:VERSION (--from-dir DIR | --debootstrap SUITE [--mirror URL] | --on IMAGE --run CMD)",
-                        &vm, &common)) {
+  if (!parseCommandLine(
+          inv, inv.args, desc, positional,
+          "NAME:VERSION (--from-dir DIR | --debootstrap SUITE [--mirror URL] | --on IMAGE --run CMD) [--scrub-git]",
+          &vm, &common)) {
     return kExitOk;
   }
   fs3::LayerRef ref = parseRefArg(vm["ref"].as<std::string>());
@@ -47,6 +60,15 @@ int layerBuild(const Invocation& inv) {
   if (sources != 1) throw UsageError("give exactly one of --from-dir, --debootstrap, --on/--run");
   if ((vm.count("on") != 0) != (vm.count("run") != 0)) throw UsageError("--on and --run go together");
   if (vm.count("mirror") != 0 && vm.count("debootstrap") == 0) throw UsageError("--mirror needs --debootstrap");
+  bool scrub_git = vm["scrub-git"].as<bool>();
+  if (scrub_git && vm.count("debootstrap") != 0) {
+    throw UsageError(
+        "--scrub-git goes with --from-dir or --on/--run, not --debootstrap (a Debian base has no repository)");
+  }
+  // Checked before a build that may take minutes.
+  if (scrub_git && findProgram("git").empty()) {
+    return reportError(inv, Error(ErrorCode::kUnsupported, "--scrub-git: git not found on PATH (install git)"));
+  }
   if (vm.count("on") != 0) {
     auto image = fs3::parseImageRef(vm["on"].as<std::string>());
     if (!image.ok()) throw UsageError("--on: " + image.error().message());
@@ -56,17 +78,24 @@ int layerBuild(const Invocation& inv) {
   Result<fs3::LayerManifest> built = Error::internal("no source");
   if (vm.count("from-dir") != 0) {
     std::string dir = vm["from-dir"].as<std::string>();
-    built = store.buildFromDir(ref, dir, "", "dir:" + dir);
+    if (scrub_git) {
+      std::vector<fs3::ScrubbedRepository> scrubbed;
+      built = buildLayerFromDirScrubbingGit(store, ref, dir, &scrubbed);
+      if (built.ok()) printScrubbed(scrubbed);
+    } else {
+      built = store.buildFromDir(ref, dir, "", "dir:" + dir);
+    }
   } else if (vm.count("debootstrap") != 0) {
     std::string mirror = vm.count("mirror") != 0 ? vm["mirror"].as<std::string>() : "";
     built = store.buildDebootstrap(ref, vm["debootstrap"].as<std::string>(), mirror);
   } else {
-    auto outcome = buildLayerByRunning(store, ref, vm["on"].as<std::string>(), vm["run"].as<std::string>());
+    auto outcome = buildLayerByRunning(store, ref, vm["on"].as<std::string>(), vm["run"].as<std::string>(), scrub_git);
     if (!outcome.ok()) return reportError(inv, outcome.error());
     if (outcome->exit_code != 0) {
       reportError(inv, "the command exited with " + std::to_string(outcome->exit_code) + "; no layer was built");
       return outcome->exit_code > 0 && outcome->exit_code < 256 ? outcome->exit_code : kExitFailure;
     }
+    if (scrub_git) printScrubbed(outcome->scrubbed);
     built = outcome->manifest;
   }
   if (!built.ok()) return reportError(inv, built.error());
@@ -138,7 +167,7 @@ int cmdLayer(const Invocation& inv) {
   if (inv.args.empty() || inv.args[0] == "--help" || inv.args[0] == "-h") {
     std::ostream& out = inv.args.empty() ? std::cerr : std::cout;
     out << "usage: dsec layer build NAME:VERSION (--from-dir DIR | --debootstrap SUITE [--mirror URL] |\n"
-           "                                      --on IMAGE --run CMD)\n"
+           "                                      --on IMAGE --run CMD) [--scrub-git]\n"
            "       dsec layer ls\n"
            "       dsec layer rm NAME:VERSION...\n"
            "Layers live in <root>/layers (--root, default $DSEC_ROOT or /var/lib/dsec).\n";

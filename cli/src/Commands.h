@@ -13,6 +13,9 @@ int cmdLs(const Invocation& inv);
 int cmdRm(const Invocation& inv);
 int cmdPause(const Invocation& inv);
 int cmdResume(const Invocation& inv);
+int cmdNetwork(const Invocation& inv);
+int cmdProtect(const Invocation& inv);
+int cmdViolations(const Invocation& inv);
 int cmdLayer(const Invocation& inv);  // build | ls | rm
 int cmdDoctor(const Invocation& inv);
 int cmdNode(const Invocation& inv);  // cleanup --job ID

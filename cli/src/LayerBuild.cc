@@ -115,7 +115,7 @@ Status dropHostNetworkFiles(const std::string& upper) {
 }  // namespace
 
 Result<RunBuildOutcome> buildLayerByRunning(fs3::LayerStore& store, const fs3::LayerRef& ref, const std::string& image,
-                                            const std::string& command) {
+                                            const std::string& command, bool scrub_git) {
   if (store.exists(ref)) {
     return Error(ErrorCode::kAlreadyExists,
                  "layer " + ref.toString() + " already exists (layers are immutable: build a new version)");
@@ -153,7 +153,6 @@ Result<RunBuildOutcome> buildLayerByRunning(fs3::LayerStore& store, const fs3::L
   }
   Status destroyed = sandbox->destroy();
   sandbox.reset();
-  mounted.reset();
   if (!ran.ok()) return ran.error().wrap("running the build command");
   if (g_interrupted.load()) return Error(ErrorCode::kConflict, "interrupted; no layer was built");
   DSEC_TRY(destroyed);
@@ -161,8 +160,33 @@ Result<RunBuildOutcome> buildLayerByRunning(fs3::LayerStore& store, const fs3::L
   outcome.exit_code = ran->exit_code;
   if (ran->exit_code != 0) return outcome;
   DSEC_TRY(dropHostNetworkFiles(upper));
+  if (scrub_git) {  // while the image is still mounted: its layers are checked for files under each repository
+    fs3::GitScrubOptions options;
+    options.original_root = "/";
+    options.lower_dirs = mounted->dirs();
+    options.scratch_dir = build.path() + "/scratch";
+    DSEC_TRY(makeDirs(options.scratch_dir, 0700));
+    DSEC_ASSIGN_OR_RETURN(outcome.scrubbed, fs3::scrubGitRepositories(upper, options));
+  }
+  mounted.reset();
   DSEC_ASSIGN_OR_RETURN(outcome.manifest, store.buildFromDir(ref, upper, image, "run:" + command));
   return outcome;
+}
+
+Result<fs3::LayerManifest> buildLayerFromDirScrubbingGit(fs3::LayerStore& store, const fs3::LayerRef& ref,
+                                                         const std::string& dir,
+                                                         std::vector<fs3::ScrubbedRepository>* scrubbed) {
+  // Absolute gitdir pointers (worktrees) were written against the directory's real path.
+  char resolved[PATH_MAX];
+  std::string original_root = realpath(dir.c_str(), resolved) != nullptr ? std::string(resolved) : dir;
+  auto prepare = [&](const std::string& tree, const std::string& scratch) -> Status {
+    fs3::GitScrubOptions options;
+    options.original_root = original_root;
+    options.scratch_dir = scratch;
+    DSEC_ASSIGN_OR_RETURN(*scrubbed, fs3::scrubGitRepositories(tree, options));
+    return okStatus();
+  };
+  return store.buildFromCopyOfDir(ref, dir, "dir:" + dir, prepare);
 }
 
 Result<fs3::LayerManifest> ensureBusyboxLayer(fs3::LayerStore& store, const fs3::LayerRef& ref) {

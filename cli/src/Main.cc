@@ -25,6 +25,9 @@ const Command kCommands[] = {
     {"rm", dsec::cli::cmdRm, "destroy sandboxes"},
     {"pause", dsec::cli::cmdPause, "freeze a sandbox"},
     {"resume", dsec::cli::cmdResume, "thaw a sandbox"},
+    {"network", dsec::cli::cmdNetwork, "replace a running sandbox's egress policy (a stage)"},
+    {"protect", dsec::cli::cmdProtect, "replace a running sandbox's protected paths"},
+    {"violations", dsec::cli::cmdViolations, "what a sandbox's processes were refused"},
     {"layer", dsec::cli::cmdLayer, "build, list and remove layers in the local layer store"},
     {"doctor", dsec::cli::cmdDoctor, "report what this host supports"},
     {"node", dsec::cli::cmdNode, "node upkeep: cleanup --job ID destroys what an ended Slurm job left here"},
@@ -34,7 +37,7 @@ const Command kCommands[] = {
 void printUsage(std::ostream& out) {
   out << "usage: dsec [--root DIR] [--fleet NAME] [--log-level LEVEL] <command> [options] [args]\n\ncommands:\n";
   for (const auto& cmd : kCommands) {
-    out << "  " << cmd.name << std::string(10 - std::string(cmd.name).size(), ' ') << cmd.summary << "\n";
+    out << "  " << cmd.name << std::string(12 - std::string(cmd.name).size(), ' ') << cmd.summary << "\n";
   }
   out << "\n`dsec <command> --help` describes a command.\n";
 }

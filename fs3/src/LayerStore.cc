@@ -100,6 +100,28 @@ Result<LayerManifest> LayerStore::buildFromDir(const LayerRef& ref, const std::s
   return publish(ref, staging, dir, built_on, source.empty() ? "dir:" + dir : source);
 }
 
+Result<LayerManifest> LayerStore::buildFromCopyOfDir(const LayerRef& ref, const std::string& dir,
+                                                     const std::string& source, const PrepareTree& prepare) {
+  DSEC_TRY(validateLayerRef(ref));
+  DSEC_TRY(checkSourceDir(dir));
+  if (pathExists(layerDir(ref))) return alreadyExists(ref);
+  DSEC_TRY(makeDirs(layersDir(), 0755));
+  DSEC_ASSIGN_OR_RETURN(StagingDir staging, StagingDir::create(layersDir()));
+  std::string tree = staging.path() + "/tree";
+  std::string scratch = staging.path() + "/scratch";
+  // --preserve=all: a failure to keep an xattr or SELinux label is not fatal, as with mkfs.erofs of dir itself.
+  CommandOptions options;
+  options.timeout_seconds = 3600;
+  auto copied = runCommandChecked(
+      {"cp", "-a", "--preserve=all", "--reflink=auto", "--no-target-directory", "--", dir, tree}, options);
+  if (!copied.ok()) return copied.error().wrap("building layer " + ref.toString() + ": copying " + dir);
+  DSEC_TRY(makeDirs(scratch, 0700));
+  Status prepared = prepare(tree, scratch);
+  DSEC_TRY(removeTree(scratch));  // only the image and the manifest may stay in the staging directory
+  if (!prepared.ok()) return prepared.error().wrap("building layer " + ref.toString());
+  return publish(ref, staging, tree, "", source.empty() ? "dir:" + dir : source);
+}
+
 Result<LayerManifest> LayerStore::buildDebootstrap(const LayerRef& ref, const std::string& suite,
                                                    const std::string& mirror_arg) {
   DSEC_TRY(validateLayerRef(ref));

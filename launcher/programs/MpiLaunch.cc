@@ -4,6 +4,7 @@
 // every rank leaves MPI and talks HTTP only, so a dead rank does not take the others down.
 #include "MpiLaunch.h"
 
+#include <arpa/inet.h>
 #include <mpi.h>
 
 #include <algorithm>
@@ -161,6 +162,26 @@ std::vector<std::string> gatherGateways(const World& w, int candidates, const st
   return gateways;
 }
 
+// Every rank's own address (where its agent and, on ranks 0..K-1, its gateway listen), to every rank: no sandbox of
+// the fleet reaches them, whatever its egress policy (their IPv4 literals go to --egress-never).
+std::vector<std::string> gatherFleetAddresses(const World& w, const LaunchOptions& options) {
+  constexpr int kAddress = 64;
+  std::vector<char> own(kAddress, 0), all(static_cast<size_t>(kAddress) * w.size, 0);
+  std::snprintf(own.data(), kAddress, "%s", fleet::advertisedAddress(options, "").c_str());
+  if (w.mpi) {
+    MPI_Allgather(own.data(), kAddress, MPI_CHAR, all.data(), kAddress, MPI_CHAR, MPI_COMM_WORLD);
+  } else {
+    all = own;
+  }
+  std::vector<std::string> out;
+  for (int r = 0; r < w.size; ++r) {
+    std::string address(all.data() + static_cast<size_t>(r) * kAddress);
+    in_addr parsed{};
+    if (inet_pton(AF_INET, address.c_str(), &parsed) == 1) out.push_back(address);
+  }
+  return out;
+}
+
 // After MPI: registers and heartbeats with every gateway over HTTP until stopped, then takes the node down.
 int serveFleet(const LaunchOptions& options, const World& w, const std::vector<std::string>& gateways,
                const std::string& token, RunningNode& node, fleet::GatewaySupervisor* supervisor) {
@@ -190,8 +211,10 @@ int runLaunch(const LaunchOptions& options, int argc, char** argv) {
   World w = initMpi(options, &argc, &argv);
   std::string token = broadcastToken(w);
   (void)installStopSignals();
-  // 2. every rank starts its node
-  auto node = fleet::startLaunchNode(options, token, "");
+  // 2. every rank starts its node, its sandboxes closed off from every rank's address
+  LaunchOptions node_launch = options;
+  for (auto& address : gatherFleetAddresses(w, options)) node_launch.serve.node.egress_never.push_back(address);
+  auto node = fleet::startLaunchNode(node_launch, token, "");
   auto nodes = exchangeNodes(w, node);
   if (!nodes.ok()) {
     if (node.ok()) node->node->stop(true);

@@ -124,9 +124,42 @@ def session_retention(value: Any) -> Union[int, float]:
     return value
 
 
+def string_list(name: str, value: Any) -> List[str]:
+    if isinstance(value, str) or not isinstance(value, (list, tuple)):
+        _fail(f"{name} must be a list of str, got {type(value).__name__}")
+    for item in value:
+        if not isinstance(item, str) or not item:
+            _fail(f"{name} must be a list of non-empty str, found {item!r}")
+    return list(value)
+
+
+def egress_list(value: Any) -> List[str]:
+    """Egress destinations: "10.0.0.0/8", "192.0.2.1:443", "pypi.org:443", "*.example.org" (checked by the node)."""
+    return string_list("egress", value)
+
+
+def network_field(network: Any) -> Union[str, Dict[str, List[str]]]:
+    if isinstance(network, dict):
+        if set(network) != {"egress"}:
+            _fail(f"network as a dict takes exactly the key 'egress', got {sorted(network)!r}")
+        return {"egress": egress_list(network["egress"])}
+    if network not in ("none", "egress"):
+        _fail(f"network must be 'none', 'egress' or {{'egress': [...]}}, got {network!r} "
+              "(no sandbox shares the node's network)")
+    return network
+
+
+def protect_list(value: Any) -> List[str]:
+    paths = string_list("protect", value)
+    for p in paths:
+        if not p.startswith("/"):
+            _fail(f"protect paths must be absolute, got {p!r}")
+    return paths
+
+
 def create_body(image: Any, backend: Any, cpus: Any, memory: Any, disk: Any, pids: Any, timeout: Any,
                 idle_timeout: Any, env: Any, labels: Any, network: Any, session: Any = None,
-                qos: Any = None) -> Dict[str, Any]:
+                qos: Any = None, protect: Any = None) -> Dict[str, Any]:
     if not isinstance(image, str) or not image.strip():
         _fail("image must be a non-empty str like 'debian:12+python:3.11'")
     if not isinstance(backend, str) or not backend:
@@ -149,9 +182,9 @@ def create_body(image: Any, backend: Any, cpus: Any, memory: Any, disk: Any, pid
     if labels is not None:
         body["labels"] = string_map("labels", labels)
     if network is not None:
-        if network not in ("none", "egress"):
-            _fail(f"network must be 'none' or 'egress', got {network!r} (no sandbox shares the node's network)")
-        body["network"] = network
+        body["network"] = network_field(network)
+    if protect is not None:
+        body["protect"] = protect_list(protect)
     if session is not None:
         body["session"] = session_name(session)
     if qos is not None:

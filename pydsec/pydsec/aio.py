@@ -128,6 +128,17 @@ class Sandbox:
     async def resume(self) -> Dict[str, Any]:
         return await self._client._run(self._sync.resume)
 
+    async def set_network(self, egress: List[str]) -> Dict[str, Any]:
+        v.egress_list(egress)
+        return await self._client._run(self._sync.set_network, egress)
+
+    async def set_protect(self, paths: List[str]) -> Dict[str, Any]:
+        v.protect_list(paths)
+        return await self._client._run(self._sync.set_protect, paths)
+
+    async def violations(self) -> List[Dict[str, Any]]:
+        return await self._client._run(self._sync.violations)
+
     async def destroy(self) -> bool:
         return await self._client._run(self._sync.destroy)
 
@@ -398,11 +409,12 @@ class Client:
                memory: Union[None, int, str] = None, disk: Union[None, int, str] = None, pids: Optional[int] = None,
                timeout: Optional[float] = None, idle_timeout: Optional[float] = None,
                env: Optional[Dict[str, str]] = None, labels: Optional[Dict[str, str]] = None,
-               network: Optional[str] = None, session: Optional[str] = None,
-               qos: Optional[str] = None) -> _CreateCall:
+               network: Union[None, str, Dict[str, List[str]]] = None, session: Optional[str] = None,
+               qos: Optional[str] = None, protect: Optional[List[str]] = None) -> _CreateCall:
         """``sb = await client.create(...)`` or ``async with client.create(...) as sb:``."""
         kwargs = dict(image=image, backend=backend, cpus=cpus, memory=memory, disk=disk, pids=pids, timeout=timeout,
-                      idle_timeout=idle_timeout, env=env, labels=labels, network=network, session=session, qos=qos)
+                      idle_timeout=idle_timeout, env=env, labels=labels, network=network, session=session, qos=qos,
+                      protect=protect)
         v.create_body(**kwargs)  # argument errors surface at the call, not at the await
         return _CreateCall(self, kwargs)
 

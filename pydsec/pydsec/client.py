@@ -162,6 +162,25 @@ class Sandbox:
         self.cached_info = self._t().call("POST", self._path + "/resume")
         return self.cached_info
 
+    # -- stages ---------------------------------------------------------------------------------------------
+    def set_network(self, egress: List[str]) -> Dict[str, Any]:
+        """Replace the egress policy at once (e.g. ``[]`` before the agent's turn). Connections the new policy
+        refuses are cut. Only for sandboxes created with a network link (``network={"egress": [...]}``)."""
+        self.cached_info = self._t().call("PUT", self._path + "/network", payload={"egress": v.egress_list(egress)})
+        return self.cached_info
+
+    def set_protect(self, paths: List[str]) -> Dict[str, Any]:
+        """Replace the protected paths: the sandbox's processes cannot modify, rename, delete or replace anything
+        under them (write_file still can, as the grader)."""
+        self.cached_info = self._t().call("PUT", self._path + "/protect", payload={"paths": v.protect_list(paths)})
+        return self.cached_info
+
+    def violations(self) -> List[Dict[str, Any]]:
+        """What the sandbox's processes were refused, oldest first: ``{"time", "kind": "connect"|"dns"|"file",
+        "target", "detail"}`` each (the newest 1024 are kept)."""
+        doc = self._t().call("GET", self._path + "/violations")
+        return list((doc or {}).get("violations") or [])
+
     def destroy(self) -> bool:
         """Destroy the sandbox. Idempotent: returns False if it was already gone."""
         try:
@@ -359,15 +378,20 @@ class Client:
                memory: Union[None, int, str] = None, disk: Union[None, int, str] = None, pids: Optional[int] = None,
                timeout: Optional[float] = None, idle_timeout: Optional[float] = None,
                env: Optional[Dict[str, str]] = None, labels: Optional[Dict[str, str]] = None,
-               network: Optional[str] = None, session: Optional[str] = None, qos: Optional[str] = None) -> Sandbox:
+               network: Union[None, str, Dict[str, List[str]]] = None, session: Optional[str] = None,
+               qos: Optional[str] = None, protect: Optional[List[str]] = None) -> Sandbox:
         """Create a sandbox and return once it is running. Arguments left as None take the node's defaults.
 
         ``session`` names an existing, active session the sandbox belongs to (see :meth:`session`).
         ``qos`` is the CPU class: ``"batch"`` (the default) shares the node's pool at idle priority,
         ``"latency"`` gets ``ceil(cpus)`` dedicated cores (CapacityError when the node has none left).
+        ``network`` is ``"none"`` (the default: no interface), ``{"egress": [...]}`` (a link, and the destinations
+        it may reach: address blocks and domain names with optional ports; ``[]`` for none yet, opened later with
+        :meth:`Sandbox.set_network`) or ``"egress"`` (anywhere but the node and the fleet). ``protect`` lists paths
+        the sandbox's processes cannot change (the file API still can).
         """
         body = v.create_body(image, backend, cpus, memory, disk, pids, timeout, idle_timeout, env, labels, network,
-                             session, qos)
+                             session, qos, protect)
         info = self._transport.call("POST", "/v1/sandboxes", payload=body)
         if not isinstance(info, dict) or not isinstance(info.get("id"), str):
             raise ServerError(f"create returned no sandbox id: {info!r}")

@@ -153,7 +153,7 @@ def fake():
 BUSYBOX_APPLETS = ["sh", "ls", "cat", "echo", "sleep", "tar", "ps", "mkdir", "rm", "env", "id", "true", "false",
                    "head", "wc", "cp", "mv", "touch", "stat", "printf", "pwd", "hostname", "kill", "test", "grep",
                    "sed", "tail", "sort", "uname", "yes", "dd", "seq", "ln", "chmod", "readlink", "sha256sum",
-                   "md5sum", "tr", "cut", "wait", "timeout", "find", "du", "df", "mount", "whoami"]
+                   "md5sum", "tr", "cut", "wait", "timeout", "find", "du", "df", "mount", "whoami", "nc"]
 
 
 @dataclass

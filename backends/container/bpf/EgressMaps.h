@@ -4,6 +4,11 @@
 
 #include <linux/types.h>
 
+/* The agent's own network namespace (the node's): processes there are not sandboxes. Index 0 of `config`. */
+struct dsec_egress_config {
+  __u64 node_netns_cookie;
+};
+
 /* A sandbox whose network namespace has a policy, keyed by the namespace's cookie (SO_NETNS_COOKIE). */
 struct dsec_egress_sandbox {
   __u32 generation;    /* the policy in force: allow entries carry it, so a new policy replaces the old at once */

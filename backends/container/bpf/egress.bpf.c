@@ -1,7 +1,9 @@
 /* Egress policy of container sandboxes, enforced where a socket names its destination: connect() and
  * sendmsg()/sendto() of IPv4 and IPv6 sockets. Attached once to the cgroup v2 directory above every sandbox of the
- * node; a process whose network namespace has no entry in `sandboxes` is not a sandbox with a policy and is let
- * through (the agent, sandboxes without a network link). A refused call fails with EPERM and is reported.
+ * node. A process in the node's own network namespace is not a sandbox and is let through; one in a namespace with
+ * an entry in `sandboxes` is held to that policy; one in any other namespace (a sandbox without a network link, or
+ * one whose policy is not installed yet or any more) reaches only its own loopback: the filter fails closed. A
+ * refused call fails with EPERM and is reported.
  * Sandboxes cannot leave their namespace (seccomp refuses new namespaces and they hold no other namespace's fd). */
 #include <linux/bpf.h>
 #include <bpf/bpf_endian.h>
@@ -42,6 +44,13 @@ struct {
   __type(value, __u8);
   __uint(map_flags, BPF_F_NO_PREALLOC);
 } never SEC(".maps");
+
+struct {
+  __uint(type, BPF_MAP_TYPE_ARRAY);
+  __uint(max_entries, 1);
+  __type(key, __u32);
+  __type(value, struct dsec_egress_config);
+} config SEC(".maps");
 
 struct {
   __uint(type, BPF_MAP_TYPE_RINGBUF);
@@ -115,21 +124,32 @@ static __always_inline int check_ip4(struct bpf_sock_addr *ctx, __u64 cookie, co
   return 0;
 }
 
+/* A process whose namespace has no policy: the node's own processes pass, others keep to their loopback. */
+static __always_inline int without_policy(__u64 cookie, int loopback) {
+  __u32 zero = 0;
+  struct dsec_egress_config *cfg = bpf_map_lookup_elem(&config, &zero);
+  if (cfg && cfg->node_netns_cookie == cookie) return 1;
+  return loopback;
+}
+
 static __always_inline int check4(struct bpf_sock_addr *ctx, __u8 op) {
   __u64 cookie = bpf_get_netns_cookie(ctx);
   struct dsec_egress_sandbox *sb = bpf_map_lookup_elem(&sandboxes, &cookie);
-  if (!sb) return 1;
+  if (!sb) return without_policy(cookie, (bpf_ntohl(ctx->user_ip4) >> 24) == 127);
   return check_ip4(ctx, cookie, sb, ctx->user_ip4, (__u16)ctx->user_port, op);
 }
 
 static __always_inline int check6(struct bpf_sock_addr *ctx, __u8 op) {
   __u64 cookie = bpf_get_netns_cookie(ctx);
   struct dsec_egress_sandbox *sb = bpf_map_lookup_elem(&sandboxes, &cookie);
-  if (!sb) return 1;
   __u32 ip6[4] = {ctx->user_ip6[0], ctx->user_ip6[1], ctx->user_ip6[2], ctx->user_ip6[3]};
   __u16 port = (__u16)ctx->user_port;
-  /* ::1, the sandbox's own loopback */
-  if (ip6[0] == 0 && ip6[1] == 0 && ip6[2] == 0 && ip6[3] == bpf_htonl(1)) return 1;
+  /* ::1, and ::ffff:127.x.y.z: the sandbox's own loopback */
+  int loopback = ip6[0] == 0 && ip6[1] == 0 &&
+                 ((ip6[2] == 0 && ip6[3] == bpf_htonl(1)) ||
+                  (ip6[2] == bpf_htonl(0xffff) && (bpf_ntohl(ip6[3]) >> 24) == 127));
+  if (!sb) return without_policy(cookie, loopback);
+  if (loopback) return 1;
   /* ::ffff:a.b.c.d on a dual-stack socket goes out as IPv4: the IPv4 policy decides */
   if (ip6[0] == 0 && ip6[1] == 0 && ip6[2] == bpf_htonl(0xffff)) return check_ip4(ctx, cookie, sb, ip6[3], port, op);
   report(ctx, cookie, 0, ip6, port, DSEC_EGRESS_IPV6, op);

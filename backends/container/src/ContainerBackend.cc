@@ -75,9 +75,7 @@ Status validateSpec(const SandboxSpec& spec) {
   if (!spec.egress.rules.empty() && spec.network != NetworkMode::kEgress) {
     return Error::invalid("an egress policy needs network \"egress\" (a network link)");
   }
-  if (!spec.protected_paths.empty()) {
-    return Error(ErrorCode::kUnsupported, "protected paths are not built yet");
-  }
+  DSEC_TRY(parseProtectedPaths(spec.protected_paths));
   for (const auto& [k, v] : spec.env) {
     if (k.empty() || k.find_first_of("=\0", 0, 2) != std::string::npos || v.find('\0') != std::string::npos) {
       return Error::invalid("bad environment variable: " + k);
@@ -360,18 +358,22 @@ class ContainerBackend : public Backend {
     }
     SandboxSpec stored = spec;
     if (stored.disk_bytes == 0) stored.disk_bytes = disk;
+    if (auto parsed = parseProtectedPaths(spec.protected_paths); parsed.ok()) stored.protected_paths = *parsed;
     auto sandbox =
         std::make_unique<ContainerSandbox>(shared_, std::move(stored), std::move(init), std::move(cgroup), false, 0);
-    if (link) {
-      // Nothing of the caller's runs in it before create returns: the policy is in force before anything could
-      // use the link.
+    // Before anything runs in it (nothing inside holds a reference from before, and nothing of the caller's could
+    // use the link): its protection and its egress policy.
+    Status guarded = okStatus();
+    if (!spec.protected_paths.empty()) guarded = sandbox->setProtectedPaths(sandbox->spec().protected_paths);
+    if (guarded.ok() && link) {
       in_addr address{}, resolver{};
       inet_pton(AF_INET, link->address.c_str(), &address);
       inet_pton(AF_INET, link->resolver.c_str(), &resolver);
-      if (auto s = sandbox->enforceEgress(spec.egress, ntohl(address.s_addr), ntohl(resolver.s_addr)); !s.ok()) {
-        (void)sandbox->destroy();
-        return s.error().wrap("create sandbox " + spec.id);
-      }
+      guarded = sandbox->enforceEgress(spec.egress, ntohl(address.s_addr), ntohl(resolver.s_addr));
+    }
+    if (!guarded.ok()) {
+      (void)sandbox->destroy();
+      return guarded.error().wrap("create sandbox " + spec.id);
     }
     DSEC_LOG(kDebug, "container") << "created " << spec.id << " in " << (monotonicSeconds() - start) * 1000 << " ms";
     return std::unique_ptr<Sandbox>(std::move(sandbox));
@@ -435,10 +437,18 @@ class ContainerBackend : public Backend {
       std::lock_guard lock(shared_->mu);
       shared_->live.insert(spec.id);
     }
+    // The protection's mounts live in the sandbox; the list of them comes back from the record.
+    std::vector<std::string> protected_paths;
+    try {
+      protected_paths = state.value("protected_paths", std::vector<std::string>{});
+    } catch (const nlohmann::json::exception& e) {
+      return Error::invalid(std::string("bad protected paths in container sandbox state: ") + e.what());
+    }
+    DSEC_ASSIGN_OR_RETURN(protected_paths, parseProtectedPaths(protected_paths));
     const NetworkMode network = spec.network;
     EgressPolicy spec_egress = spec.egress;
     auto sandbox = std::make_unique<ContainerSandbox>(shared_, std::move(spec), std::move(init), std::move(*cgroup),
-                                                      paused, oom_kills);
+                                                      paused, oom_kills, std::move(protected_paths));
     if (network == NetworkMode::kEgress) {
       // Its policy as it was last set (the programs of the agent before kept enforcing it meanwhile).
       auto current = parseEgressPolicy(state.value("egress", spec_egress.texts()));

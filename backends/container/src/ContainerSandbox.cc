@@ -110,7 +110,8 @@ Result<SandboxSpec> specFromJson(const nlohmann::json& j) {
 }
 
 ContainerSandbox::ContainerSandbox(std::shared_ptr<ContainerShared> shared, SandboxSpec spec, InitProcess init,
-                                   std::unique_ptr<Cgroup> cgroup, bool paused, int64_t oom_kills)
+                                   std::unique_ptr<Cgroup> cgroup, bool paused, int64_t oom_kills,
+                                   std::vector<std::string> protected_in_force)
     : shared_(std::move(shared)),
       spec_(std::move(spec)),
       owner_(init.host_root),
@@ -119,7 +120,8 @@ ContainerSandbox::ContainerSandbox(std::shared_ptr<ContainerShared> shared, Sand
       procs_files_(cgroupJoinFiles(*cgroup_)),
       memory_dir_(memoryControlDir(*cgroup_)),
       state_(paused ? SandboxState::kPaused : SandboxState::kRunning),
-      oom_seen_(oom_kills) {}
+      oom_seen_(oom_kills),
+      protection_(std::make_unique<PathProtection>(std::move(protected_in_force))) {}
 
 // Dropping the handle does not destroy the sandbox: it keeps running for a restarted agent to adopt.
 ContainerSandbox::~ContainerSandbox() {
@@ -176,32 +178,32 @@ Result<ExecResult> ContainerSandbox::execStream(const ExecRequest& request, Exec
 
 Result<UniqueFd> ContainerSandbox::openForRead(const std::string& path) {
   DSEC_ASSIGN_OR_RETURN(Use use, acquire(false));
-  DSEC_ASSIGN_OR_RETURN(UniqueFd root, openRoot());
-  return sandboxOpenForRead(root.get(), path);
+  DSEC_ASSIGN_OR_RETURN(FileRoute route, fileRoute(path));
+  return sandboxOpenForRead(route.root.get(), route.path);
 }
 
 Result<UniqueFd> ContainerSandbox::openForWrite(const std::string& path, uint32_t mode) {
   DSEC_ASSIGN_OR_RETURN(Use use, acquire(false));
-  DSEC_ASSIGN_OR_RETURN(UniqueFd root, openRoot());
-  return sandboxOpenForWrite(root.get(), path, mode, owner_);
+  DSEC_ASSIGN_OR_RETURN(FileRoute route, fileRoute(path));
+  return sandboxOpenForWrite(route.root.get(), route.path, mode, owner_);
 }
 
 Result<FileStat> ContainerSandbox::stat(const std::string& path) {
   DSEC_ASSIGN_OR_RETURN(Use use, acquire(false));
-  DSEC_ASSIGN_OR_RETURN(UniqueFd root, openRoot());
-  return sandboxStat(root.get(), path);
+  DSEC_ASSIGN_OR_RETURN(FileRoute route, fileRoute(path));
+  return sandboxStat(route.root.get(), route.path);
 }
 
 Result<std::vector<FileStat>> ContainerSandbox::listDir(const std::string& path) {
   DSEC_ASSIGN_OR_RETURN(Use use, acquire(false));
-  DSEC_ASSIGN_OR_RETURN(UniqueFd root, openRoot());
-  return sandboxListDir(root.get(), path);
+  DSEC_ASSIGN_OR_RETURN(FileRoute route, fileRoute(path));
+  return sandboxListDir(route.root.get(), route.path);
 }
 
 Status ContainerSandbox::remove(const std::string& path, bool recursive) {
   DSEC_ASSIGN_OR_RETURN(Use use, acquire(false));
-  DSEC_ASSIGN_OR_RETURN(UniqueFd root, openRoot());
-  return sandboxRemove(root.get(), path, recursive);
+  DSEC_ASSIGN_OR_RETURN(FileRoute route, fileRoute(path));
+  return sandboxRemove(route.root.get(), route.path, recursive);
 }
 
 Status ContainerSandbox::pause() {
@@ -242,7 +244,6 @@ Status ContainerSandbox::destroy() {
   // and return. A frozen task cannot die, so thaw after the signal is queued.
   if (init_.pidfd) (void)syscall(SYS_pidfd_send_signal, init_.pidfd.get(), SIGKILL, nullptr, 0);
   if (was_paused) (void)cgroup_->thaw();
-  forgetEgress();
   reapSpawned(10);
   Status killed = killAndWaitInit(init_, 10);
   {
@@ -250,13 +251,18 @@ Status ContainerSandbox::destroy() {
     idle_.wait(lock, [&] { return users_ == 0; });
   }
   shared_->join_fds->forget(spec_.id);  // no command is being started any more (no users)
+  protection_->release();
   // Normally the namespace died with its init and the cgroup is empty already; killAll (a freeze/kill/thaw
   // cycle on v1, which patches kernel text on every freeze) is only for stragglers.
   auto left = cgroup_->pids();
   Status emptied = left.ok() && left->empty() ? okStatus() : cgroup_->killAll();
   Status removed = cgroup_->remove();
-  // Only a sandbox known to be gone gives its host id range back; after a failure the handle keeps it.
-  if (killed.ok() && emptied.ok()) init_.lease.reset();
+  // Only a sandbox known to be gone gives its host id range back, and its egress policy: until its processes are
+  // gone the policy must hold (a namespace missing from the filter's map is let through).
+  if (killed.ok() && emptied.ok()) {
+    init_.lease.reset();
+    forgetEgress();
+  }
   {
     std::lock_guard lock(shared_->mu);
     shared_->live.erase(spec_.id);
@@ -377,6 +383,7 @@ nlohmann::json ContainerSandbox::persistentState() const {
           {"egress", egress_.texts()},
           {"egress_resolver", resolver_ip4_},
           {"egress_address", address_ip4_},
+          {"protected_paths", protection_->paths()},
           {"spec", specToJson(spec_)}};
 }
 

@@ -24,6 +24,7 @@
 #include "EgressNetwork.h"
 #include "JoinFdCache.h"
 #include "NodeResolver.h"
+#include "PathProtection.h"
 #include "Spawn.h"
 #include "UserNamespace.h"
 #include "ViolationLog.h"
@@ -82,7 +83,8 @@ struct InitProcess {
 class ContainerSandbox : public Sandbox {
  public:
   ContainerSandbox(std::shared_ptr<ContainerShared> shared, SandboxSpec spec, InitProcess init,
-                   std::unique_ptr<Cgroup> cgroup, bool paused, int64_t oom_kills);
+                   std::unique_ptr<Cgroup> cgroup, bool paused, int64_t oom_kills,
+                   std::vector<std::string> protected_in_force = {});
   ~ContainerSandbox() override;
 
   const SandboxSpec& spec() const override { return spec_; }
@@ -98,7 +100,7 @@ class ContainerSandbox : public Sandbox {
   // queries come from there), resolver_ip4 the resolver its /etc/resolv.conf names; host order.
   Status enforceEgress(const EgressPolicy& policy, uint32_t address_ip4, uint32_t resolver_ip4);  // SandboxEgress.cc
   Status setEgress(const EgressPolicy& policy) override;                     // SandboxEgress.cc
-  Status setProtectedPaths(const std::vector<std::string>& paths) override;  // SandboxPolicyOps.cc
+  Status setProtectedPaths(const std::vector<std::string>& paths) override;  // ProtectedPaths.cc
   Result<std::vector<Violation>> violations() override;                      // SandboxPolicyOps.cc
 
   Result<UniqueFd> openForRead(const std::string& path) override;
@@ -129,6 +131,9 @@ class ContainerSandbox : public Sandbox {
   Result<Use> acquire(bool need_running);
   // The sandbox's root (O_PATH), for one file operation (under a Use).
   Result<UniqueFd> openRoot() const;
+  // Where one file operation resolves path (under a Use): the sandbox's root, or, for a path protection is in
+  // the way of, a writable clone of the mount that holds it (ProtectedPaths.cc).
+  Result<FileRoute> fileRoute(const std::string& path);
   Result<ExecResult> run(const ExecRequest& request, ExecSink* sink);
   // Sets result.oom_killed when the cgroup counted an OOM kill that no earlier exec reported.
   void noteOomKill(ExecResult& result);
@@ -174,6 +179,8 @@ class ContainerSandbox : public Sandbox {
   uint32_t resolver_ip4_ = 0;
   EgressPolicy egress_;
   void forgetEgress();
+  // Protected paths in force (the list changes at runtime; spec_ keeps the one it was created with).
+  std::unique_ptr<PathProtection> protection_;
 };
 
 // The files a freshly cloned (single-threaded) child writes "0" into to join the sandbox cgroup. On cgroup v1

@@ -100,6 +100,14 @@ Result<std::unique_ptr<EgressFilter>> EgressFilter::start(const std::string& att
     return Error(ErrorCode::kUnsupported, "the kernel refused the egress BPF programs (cgroup connect/sendmsg hooks)",
                  errno);
   }
+  // The node's own namespace (ours): its processes are not sandboxes. Set before the programs are attached,
+  // which from then on let nothing else out without a policy.
+  DSEC_ASSIGN_OR_RETURN(uint64_t own, ownNetnsCookie());
+  const uint32_t zero = 0;
+  dsec_egress_config config{own};
+  if (bpf_map_update_elem(bpf_map__fd(filter->skeleton_->maps.config), &zero, &config, BPF_ANY) != 0) {
+    return Error::sys(errno, "configure the egress filter");
+  }
   DSEC_TRY(filter->attach(attach_dir));
   DSEC_TRY(filter->refreshNever());
   DSEC_TRY(filter->detachOthers(false));

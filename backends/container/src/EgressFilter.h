@@ -107,6 +107,8 @@ class EgressFilter {
 
 // The cookie of the network namespace pid is in (SO_NETNS_COOKIE on a socket made there).
 Result<uint64_t> netnsCookieOf(int pidfd);
+// The cookie of the calling thread's network namespace.
+Result<uint64_t> ownNetnsCookie();
 // Destroys the TCP sockets (any state) and connected UDP sockets in pid's network namespace whose peer keep()
 // refuses (host-order address and port); returns how many. SOCK_DESTROY through sock_diag: the process sees
 // ECONNABORTED on its next call.

@@ -116,19 +116,19 @@ bool ip4Peer(const DiagSocket& s, uint32_t* ip4) {
 
 }  // namespace
 
-Result<uint64_t> netnsCookieOf(int pidfd) {
-  return inNetns<uint64_t>(pidfd, []() -> Result<uint64_t> {
-    UniqueFd s(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
-    if (!s) return Error::sys(errno, "socket in the sandbox's network namespace");
-    uint64_t cookie = 0;
-    socklen_t len = sizeof cookie;
-    if (getsockopt(s.get(), SOL_SOCKET, SO_NETNS_COOKIE, &cookie, &len) != 0) {
-      return Error(ErrorCode::kUnsupported, "the kernel has no network namespace cookies (SO_NETNS_COOKIE, Linux 5.14)",
-                   errno);
-    }
-    return cookie;
-  });
+Result<uint64_t> ownNetnsCookie() {
+  UniqueFd s(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+  if (!s) return Error::sys(errno, "socket");
+  uint64_t cookie = 0;
+  socklen_t len = sizeof cookie;
+  if (getsockopt(s.get(), SOL_SOCKET, SO_NETNS_COOKIE, &cookie, &len) != 0) {
+    return Error(ErrorCode::kUnsupported, "the kernel has no network namespace cookies (SO_NETNS_COOKIE, Linux 5.14)",
+                 errno);
+  }
+  return cookie;
 }
+
+Result<uint64_t> netnsCookieOf(int pidfd) { return inNetns<uint64_t>(pidfd, [] { return ownNetnsCookie(); }); }
 
 Result<int> cutSockets(int pidfd, const std::function<bool(uint32_t ip4, uint16_t port)>& keep) {
   return inNetns<int>(pidfd, [&]() -> Result<int> {

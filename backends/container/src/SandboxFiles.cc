@@ -63,39 +63,6 @@ FileStat toFileStat(const std::string& name, const struct stat& st) {
   return f;
 }
 
-// For the duration of a create, the calling thread's file system ids become the sandbox root's (host id owner):
-// a sandbox in a user namespace refuses inodes owned by ids it cannot map (EOVERFLOW), and what the API creates
-// belongs to the sandbox's root anyway. setfsuid/setfsgid and capset act on the calling thread only; the
-// capabilities the fsuid change drops from the effective set are raised again (they stay permitted), so access
-// checks are still those of host root.
-class ActingOwner {
- public:
-  explicit ActingOwner(std::optional<uint32_t> owner) : active_(owner.has_value()) {
-    if (!active_) return;
-    (void)setfsgid(*owner);
-    (void)setfsuid(*owner);
-    raiseEffective();
-  }
-  ~ActingOwner() {
-    if (!active_) return;
-    (void)setfsuid(0);
-    (void)setfsgid(0);
-    raiseEffective();
-  }
-  ActingOwner(const ActingOwner&) = delete;
-  ActingOwner& operator=(const ActingOwner&) = delete;
-
- private:
-  static void raiseEffective() {
-    __user_cap_header_struct hdr = {_LINUX_CAPABILITY_VERSION_3, 0};
-    __user_cap_data_struct data[2] = {};
-    if (syscall(SYS_capget, &hdr, data) != 0) return;
-    for (auto& d : data) d.effective = d.permitted;
-    (void)syscall(SYS_capset, &hdr, data);
-  }
-  bool active_;
-};
-
 // Opens (creating as needed) the directory at a normalized path, one component at a time: mkdirat on a
 // single name relative to a safely resolved parent never follows a symlink. What it creates belongs to owner.
 Result<UniqueFd> openOrMakeDir(int root_fd, const std::string& path, std::optional<uint32_t> owner) {

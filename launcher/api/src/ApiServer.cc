@@ -6,6 +6,7 @@
 #include "dsec/common/Logging.h"
 #include "dsec/common/Prometheus.h"
 #include "dsec/launcher/api/NodeJson.h"
+#include "dsec/launcher/api/PolicyRequests.h"
 #include "dsec/launcher/api/Requests.h"
 
 namespace dsec::launcher {
@@ -124,6 +125,10 @@ void ApiServer::dispatchSandbox(HttpExchange& ex, const RouteMatch& m) {
       ex.sendJson(200, toJson(*info));
       return;
     }
+    case Op::kSetNetwork:
+    case Op::kSetProtect:
+    case Op::kViolations:
+      return sandboxPolicy(ex, m);
     case Op::kExec:
       return exec(ex, id, false);
     case Op::kExecStream:
@@ -183,6 +188,30 @@ void ApiServer::dispatchSession(HttpExchange& ex, const RouteMatch& m) {
     default:
       ex.sendError(404, "not_found", "no route");
   }
+}
+
+void ApiServer::sandboxPolicy(HttpExchange& ex, const RouteMatch& m) {
+  const std::string& id = m.sandbox_id;
+  if (m.op == Op::kViolations) {
+    auto violations = agent_->violations(id);
+    if (!violations.ok()) return sendError(ex, violations.error());
+    ex.sendJson(200, violationsJson(*violations));
+    return;
+  }
+  auto body = readJsonBody(ex, kJsonBodyLimit);
+  if (!body) return;
+  Result<SandboxInfo> info = Error::internal("unreachable");
+  if (m.op == Op::kSetNetwork) {
+    auto policy = parseNetworkBody(*body);
+    if (!policy.ok()) return sendError(ex, policy.error());
+    info = agent_->setEgress(id, *policy);
+  } else {
+    auto paths = parseProtectBody(*body);
+    if (!paths.ok()) return sendError(ex, paths.error());
+    info = agent_->setProtectedPaths(id, *paths);
+  }
+  if (!info.ok()) return sendError(ex, info.error());
+  ex.sendJson(200, toJson(*info));
 }
 
 void ApiServer::createSandbox(HttpExchange& ex) {

@@ -25,6 +25,8 @@ json paramsJson(const CreateParams& p) {
               {"timeout", p.timeout},
               {"idle_timeout", p.idle_timeout},
               {"network", backends::networkModeName(p.network)},
+              {"egress", p.network == backends::NetworkMode::kEgress ? json(p.egress.texts()) : json(nullptr)},
+              {"protect", p.protected_paths},
               {"env", p.env},
               {"labels", p.labels},
               {"session", stringOrNull(p.session)},

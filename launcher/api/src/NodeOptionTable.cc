@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 
+#include "dsec/backends/NetworkPolicy.h"
 #include "dsec/common/Endpoint.h"
 #include "dsec/common/Strings.h"
 #include "dsec/launcher/api/Credentials.h"
@@ -64,6 +65,12 @@ Status checkListen(const std::string& listen) {
 
 Status checkNode(const NodeOptions& n) {
   if (n.root.empty()) return flagError("root", "must not be empty");
+  for (const auto& block : n.egress_never) {
+    auto rule = backends::parseEgressRule(block);
+    if (!rule.ok() || rule->isDomain() || rule->port != 0) {
+      return flagError("egress-never", "\"" + block + "\" is not an IPv4 address block (A.B.C.D or A.B.C.D/LEN)");
+    }
+  }
   if (auto st = validateFleetName(n.fleet_name); !st.ok())
     return Error::invalid("--fleet-name: " + st.error().message());
   if (n.node_name.empty() || n.node_name.size() > 32 ||
@@ -169,6 +176,9 @@ void NodeOptionTable::addTo(po::options_description& desc) {
   add("user-namespaces", po::value<std::string>()->default_value(onOff(n.user_namespaces)),
       "on: every sandbox's root is an unprivileged host id range of its own; off: an explicit opt-out for kernels "
       "without user namespaces or idmapped mounts (sandbox root is then host root; logged, shown in /v1/node)");
+  add("egress-never", po::value<std::vector<std::string>>(&n.egress_never)->composing(),
+      "an IPv4 block (A.B.C.D[/LEN]) no sandbox reaches whatever its egress policy, besides the node itself and "
+      "link-local addresses (repeatable): the Slurm controller, other nodes; dsec-launch adds the fleet's gateways");
   add("max-connections", po::value<int>(&h.max_connections)->default_value(h.max_connections),
       "HTTP connections (one thread each) in all; more get 503");
   add("max-client-connections", po::value<int>(&h.max_client_connections)->default_value(h.max_client_connections),

@@ -9,6 +9,7 @@
 #include "dsec/backends/BackendKind.h"
 #include "dsec/common/Base64.h"
 #include "dsec/common/Strings.h"
+#include "dsec/launcher/api/PolicyRequests.h"
 #include "dsec/launcher/node/Sessions.h"
 
 namespace dsec::launcher {
@@ -208,19 +209,35 @@ Status parseCreateLimits(const json& body, int64_t node_memory_bytes, CreatePara
   return okStatus();
 }
 
+// "none"; {"egress": [...]} (a link, and where it may go: [] = nowhere yet, a later stage may open it); "egress"
+// (a link with a route anywhere but the node, as before policies: {"egress": ["0.0.0.0/0"]}).
 Status parseCreateNetwork(const json& body, CreateParams* p) {
+  if (body.contains("protect")) {
+    DSEC_ASSIGN_OR_RETURN(std::vector<std::string> paths, parseStringList(body["protect"], "protect"));
+    auto normal = backends::parseProtectedPaths(paths);
+    if (!normal.ok()) return fieldError("protect", normal.error().message());
+    p->protected_paths = std::move(*normal);
+  }
   if (!body.contains("network")) return okStatus();
+  if (body["network"].is_object()) {
+    auto policy = parseNetworkBody(body["network"]);
+    if (!policy.ok()) return fieldError("network", policy.error().message());
+    p->network = backends::NetworkMode::kEgress;
+    p->egress = std::move(*policy);
+    return okStatus();
+  }
   DSEC_ASSIGN_OR_RETURN(std::string net, parseStringField(body["network"], "network"));
   if (net == "none") {
     p->network = backends::NetworkMode::kNone;
   } else if (net == "egress") {
     p->network = backends::NetworkMode::kEgress;
+    p->egress = backends::parseEgressPolicy({"0.0.0.0/0"}).value();
   } else if (net == "host") {
     return fieldError("network",
                       "\"host\" is not offered: a sandbox never shares the node's network (its root "
                       "could sniff and spoof the node's traffic); use \"egress\" for a route out");
   } else {
-    return fieldError("network", "expected \"none\" or \"egress\", got \"" + net + "\"");
+    return fieldError("network", "expected \"none\", \"egress\" or {\"egress\": [...]}, got \"" + net + "\"");
   }
   return okStatus();
 }
@@ -248,7 +265,7 @@ Status parseCreateQos(const json& body, CreateParams* p) {
 Result<CreateParams> parseCreateRequest(const json& body, int64_t node_memory_bytes) {
   if (!body.is_object()) return Error::invalid("request body must be a JSON object");
   DSEC_TRY(checkKnownKeys(body, {"image", "backend", "cpus", "memory", "disk", "pids", "timeout", "idle_timeout", "env",
-                                 "labels", "network", "session", "qos"}));
+                                 "labels", "network", "protect", "session", "qos"}));
   CreateParams p;
   if (!body.contains("image")) return fieldError("image", "required");
   DSEC_ASSIGN_OR_RETURN(std::string image, parseStringField(body["image"], "image"));

@@ -164,6 +164,9 @@ const RouteTable& nodeRoutes() {
         .add("/v1/sandboxes/*", {{V::get, op(Op::kGetSandbox)}, {V::delete_, op(Op::kDestroySandbox)}})
         .add("/v1/sandboxes/*/pause", {{V::post, op(Op::kPause)}})
         .add("/v1/sandboxes/*/resume", {{V::post, op(Op::kResume)}})
+        .add("/v1/sandboxes/*/network", {{V::put, op(Op::kSetNetwork)}})
+        .add("/v1/sandboxes/*/protect", {{V::put, op(Op::kSetProtect)}})
+        .add("/v1/sandboxes/*/violations", {{V::get, op(Op::kViolations)}})
         .add("/v1/sandboxes/*/exec", {{V::post, op(Op::kExec)}})
         .add("/v1/sandboxes/*/exec/stream", {{V::post, op(Op::kExecStream)}})
         .add("/v1/sandboxes/*/files",
@@ -217,6 +220,8 @@ RouteMatch matchRoute(http::verb method, std::string_view target) {
 BodyKind bodyKind(Op op) {
   switch (op) {
     case Op::kCreateSandbox:
+    case Op::kSetNetwork:
+    case Op::kSetProtect:
     case Op::kExec:
     case Op::kExecStream:
     case Op::kPutSession:
@@ -253,6 +258,12 @@ const char* opName(Op op) {
       return "pause";
     case Op::kResume:
       return "resume";
+    case Op::kSetNetwork:
+      return "set-network";
+    case Op::kSetProtect:
+      return "set-protect";
+    case Op::kViolations:
+      return "violations";
     case Op::kExec:
       return "exec";
     case Op::kExecStream:

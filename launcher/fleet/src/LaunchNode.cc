@@ -211,6 +211,14 @@ int runJoin(const LaunchOptions& options) {
   if (!fleet_job.empty() && fleet_job != joining.serve.node.slurm_job) {
     joining.serve.node.adopt_jobs.push_back(fleet_job);
   }
+  // The fleet's gateways are out of every sandbox's reach here, whatever its egress policy.
+  for (const auto& g : gateways) {
+    auto gateway = parseEndpoint(g);
+    in_addr parsed{};
+    if (gateway.ok() && inet_pton(AF_INET, gateway->host.c_str(), &parsed) == 1) {
+      joining.serve.node.egress_never.push_back(gateway->host);
+    }
+  }
   auto node = startLaunchNode(joining, token, ep->host);
   if (!node.ok()) {
     DSEC_LOG(kError, kLog) << "starting the node: " << node.error().message();

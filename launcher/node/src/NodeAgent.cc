@@ -235,6 +235,8 @@ backends::SandboxSpec NodeAgent::sandboxSpec(const SandboxRecord& rec, const Cpu
   spec.disk_bytes = params.disk_bytes;
   spec.env = params.env;
   spec.network = params.network;
+  spec.egress = params.egress;
+  spec.protected_paths = params.protected_paths;
   spec.qos = params.qos;
   cores.applyTo(spec);
   return spec;
@@ -609,6 +611,12 @@ void NodeAgent::renderGauges(std::string* out) {
   prometheus::counter(out, "dsec_session_lapses_total", "Session leases that lapsed.", sessions_->lapsesTotal());
   prometheus::gauge(out, "dsec_sandboxes_paused_by_lease", "Sandboxes paused because their session's lease lapsed.",
                     paused_by_lease);
+  prometheus::family(out, "dsec_violations_total", "counter",
+                     "What sandboxes' processes were refused (egress connects and sends, DNS names, protected files).");
+  for (auto kind : backends::kViolationKinds) {
+    prometheus::sample(out, "dsec_violations_total", {{"kind", backends::violationKindName(kind)}},
+                       number(backends::violationsTotal(kind)));
+  }
   if (density_) density_->renderMetrics(out);
   if (fncall_) fncall_->renderMetrics(out);
 }

@@ -26,6 +26,7 @@ NodeParts makeNodeParts(const NodeOptions& options) {
       options.cgroup_parent.empty() ? cgroupParentForRoot(options.root) : options.cgroup_parent;
   parts.cgroup_parent = backend_options.cgroup_parent;
   backend_options.cpu_qos = options.cpu_qos;
+  backend_options.egress_never = options.egress_never;
   if (!options.user_namespaces) {
     backend_options.user_namespace = backends::UserNamespaceMode::kOff;
     DSEC_LOG(kWarn, "node") << "user namespaces are off by the operator's choice: sandbox root is host root "

@@ -17,6 +17,8 @@ json paramsRecordJson(const CreateParams& p) {
               {"timeout", p.timeout},
               {"idle_timeout", p.idle_timeout},
               {"network", backends::networkModeName(p.network)},
+              {"egress", p.egress.texts()},
+              {"protect", p.protected_paths},
               {"env", p.env},
               {"labels", p.labels},
               {"session", p.session.empty() ? json(nullptr) : json(p.session)},
@@ -37,6 +39,11 @@ Result<CreateParams> paramsFromJson(const json& j) {
   p.timeout = j.value("timeout", 0.0);
   p.idle_timeout = j.value("idle_timeout", 0.0);
   DSEC_ASSIGN_OR_RETURN(p.network, backends::parseNetworkMode(j.value("network", "none")));
+  // Records from before egress policies: a link meant a route anywhere but the node.
+  DSEC_ASSIGN_OR_RETURN(p.egress,
+                        backends::parseEgressPolicy(j.value("egress", std::vector<std::string>{"0.0.0.0/0"})));
+  DSEC_ASSIGN_OR_RETURN(p.protected_paths,
+                        backends::parseProtectedPaths(j.value("protect", std::vector<std::string>{})));
   p.env = j.value("env", std::map<std::string, std::string>{});
   p.labels = j.value("labels", std::map<std::string, std::string>{});
   if (j.contains("session") && j["session"].is_string()) p.session = j["session"].get<std::string>();

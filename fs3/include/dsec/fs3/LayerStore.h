@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -51,6 +52,13 @@ class LayerStore {
   // not a directory.
   Result<LayerManifest> buildFromDir(const LayerRef& ref, const std::string& dir, const std::string& built_on,
                                      const std::string& source);
+  // The tree a build will capture, and an empty private scratch directory next to it (removed afterwards).
+  using PrepareTree = std::function<Status(const std::string& tree, const std::string& scratch_dir)>;
+  // As buildFromDir, but from a copy of dir (cp -a: ownership, modes, times, xattrs, hard links, special files)
+  // in the build's staging directory, which `prepare` changes first (e.g. scrubGitRepositories). dir is only
+  // read; the copy costs its size on the store's disk until the image is made.
+  Result<LayerManifest> buildFromCopyOfDir(const LayerRef& ref, const std::string& dir, const std::string& source,
+                                           const PrepareTree& prepare);
   // debootstrap --variant=minbase SUITE into a temp dir (mirror from the host's apt sources unless given),
   // then as buildFromDir with source "debootstrap:SUITE". The temp tree is always removed.
   Result<LayerManifest> buildDebootstrap(const LayerRef& ref, const std::string& suite, const std::string& mirror = "");

@@ -42,6 +42,7 @@ class ApiServer : public RequestHandler {
   void createSandbox(HttpExchange& ex);
   void call(HttpExchange& ex);  // POST /v1/call, CallApi.cc
   void exec(HttpExchange& ex, const std::string& id, bool stream);
+  void sandboxPolicy(HttpExchange& ex, const RouteMatch& m);  // network, protect, violations
   void readFile(HttpExchange& ex, const RouteMatch& m);
   void writeFile(HttpExchange& ex, const RouteMatch& m);
   void getTar(HttpExchange& ex, const RouteMatch& m);

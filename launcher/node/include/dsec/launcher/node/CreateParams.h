@@ -34,6 +34,10 @@ struct CreateParams {
   std::map<std::string, std::string> env;
   std::map<std::string, std::string> labels;
   backends::NetworkMode network = backends::NetworkMode::kNone;
+  // With network kEgress: where it may connect, now (PUT .../network replaces it).
+  backends::EgressPolicy egress;
+  // Paths its processes cannot change, now (PUT .../protect replaces them).
+  std::vector<std::string> protected_paths;
   std::string session;  // the session the sandbox belongs to ("" = none)
   // CPU QoS (docs/qos.md): "latency" gets dedicated cores, "batch" (default) shares the pool under SCHED_IDLE.
   backends::CpuQos qos = backends::CpuQos::kBatch;

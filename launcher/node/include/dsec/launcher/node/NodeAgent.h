@@ -67,6 +67,9 @@ struct NodeOptions {
   // kernels without user namespaces or idmapped mounts: sandbox root is then host root; logged and shown in
   // /v1/node and `dsec doctor`.
   bool user_namespaces = true;
+  // IPv4 blocks no sandbox reaches whatever its egress policy (besides the node itself, link-local and the
+  // sandboxes' subnet, always): the fleet's gateways, the Slurm controller, other nodes' agents.
+  std::vector<std::string> egress_never;
   // The Slurm job the agent runs in ("" outside Slurm; the programs pass SLURM_JOB_ID). It owns the sandboxes the
   // agent makes or re-adopts, and its epilog destroys them (JobOwnership.h). At start, records of any other job
   // are reaped, not adopted, except those of adopt_jobs: other jobs, still running, whose sandboxes this agent
@@ -136,6 +139,11 @@ class NodeAgent : private DensityHost {
   Status destroy(const std::string& id, const std::string& reason = "request");
   Result<SandboxInfo> pause(const std::string& id);
   Result<SandboxInfo> resume(const std::string& id);
+  // Stages (NodeAgentPolicy.cc): the egress policy and protected paths replaced while the sandbox runs, and what
+  // its processes were refused.
+  Result<SandboxInfo> setEgress(const std::string& id, const backends::EgressPolicy& policy);
+  Result<SandboxInfo> setProtectedPaths(const std::string& id, const std::vector<std::string>& paths);
+  Result<std::vector<backends::Violation>> violations(const std::string& id);
   // For exec and file operations: resumes a paused sandbox and counts as activity until the lease ends.
   Result<SandboxLease> use(const std::string& id);
 
