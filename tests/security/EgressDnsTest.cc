@@ -107,17 +107,17 @@ class EgressDnsTest : public NetworkTest {
     const int dns_port = port_ + 3;
     UniqueFd socket = udpIn("/run/netns/" + netns_, dns_port);
     ASSERT_TRUE(socket) << "cannot bind the world's DNS server";
-    server_ = std::make_unique<TinyDnsServer>(std::move(socket),
-                                              std::map<std::string, std::string>{{"allowed.test", world_},
-                                                                                 {"other.test", other_},
-                                                                                 {"target.test", other_},
-                                                                                 {"x.wild.test", other_},
-                                                                                 {"w.wild.test", world_},
-                                                                                 {"wild.test", other_},
-                                                                                 {"rebind.test", metadata_},
-                                                                                 {"node.test", node_side_}},
-                                              std::map<std::string, std::string>{{"alias.test", "mid.test"},
-                                                                                 {"mid.test", "target.test"}});
+    server_ = std::make_unique<TinyDnsServer>(
+        std::move(socket),
+        std::map<std::string, std::string>{{"allowed.test", world_},
+                                           {"other.test", other_},
+                                           {"target.test", other_},
+                                           {"x.wild.test", other_},
+                                           {"w.wild.test", world_},
+                                           {"wild.test", other_},
+                                           {"rebind.test", metadata_},
+                                           {"node.test", node_side_}},
+        std::map<std::string, std::string>{{"alias.test", "mid.test"}, {"mid.test", "target.test"}});
     // The backend the fixture made knows no upstream yet: one that asks the world's server (no sandbox yet).
     dns_upstream_ = world_ + ":" + std::to_string(dns_port);
     backend_ = newBackend();

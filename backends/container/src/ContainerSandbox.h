@@ -99,9 +99,9 @@ class ContainerSandbox : public Sandbox {
   // Puts the sandbox under the egress filter with its policy (create, adopt): address_ip4 is its eth0's (its
   // queries come from there), resolver_ip4 the resolver its /etc/resolv.conf names; host order.
   Status enforceEgress(const EgressPolicy& policy, uint32_t address_ip4, uint32_t resolver_ip4);  // SandboxEgress.cc
-  Status setEgress(const EgressPolicy& policy) override;                     // SandboxEgress.cc
-  Status setProtectedPaths(const std::vector<std::string>& paths) override;  // ProtectedPaths.cc
-  Result<std::vector<Violation>> violations() override;                      // SandboxPolicyOps.cc
+  Status setEgress(const EgressPolicy& policy) override;                                          // SandboxEgress.cc
+  Status setProtectedPaths(const std::vector<std::string>& paths) override;                       // ProtectedPaths.cc
+  Result<std::vector<Violation>> violations() override;                                           // SandboxPolicyOps.cc
 
   Result<UniqueFd> openForRead(const std::string& path) override;
   Result<UniqueFd> openForWrite(const std::string& path, uint32_t mode) override;

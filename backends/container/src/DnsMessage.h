@@ -16,8 +16,8 @@
 namespace dsec::backends::dns {
 
 constexpr size_t kHeaderSize = 12;
-constexpr size_t kMaxNameBytes = 255;   // wire form, length bytes included
-constexpr size_t kMaxMessage = 4096;    // what the resolver reads or relays (EDNS sizes above it are cut to it)
+constexpr size_t kMaxNameBytes = 255;  // wire form, length bytes included
+constexpr size_t kMaxMessage = 4096;   // what the resolver reads or relays (EDNS sizes above it are cut to it)
 constexpr uint16_t kTypeA = 1;
 constexpr uint16_t kTypeCname = 5;
 constexpr uint16_t kTypeAaaa = 28;

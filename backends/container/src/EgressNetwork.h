@@ -5,8 +5,9 @@
 //
 // Each sandbox's link is `dsv<N>` on the node and `eth0` inside, with a /30 of the egress subnet (N-th block:
 // node .1, sandbox .2). The subnet's first /28 is never a link: it holds the node's resolver addresses (on `lo`,
-// NodeResolver.h), the only place on the node a sandbox may send to (UDP port 53). The kernel's interface names make N unique on the node across every agent, and the link
-// goes when the sandbox's network namespace does (its last process gone), so nothing needs releasing.
+// NodeResolver.h), the only place on the node a sandbox may send to (UDP port 53). The kernel's interface names make N
+// unique on the node across every agent, and the link goes when the sandbox's network namespace does (its last process
+// gone), so nothing needs releasing.
 #pragma once
 
 #include <sys/types.h>
@@ -47,8 +48,8 @@ class EgressNetwork {
   Status parseSubnet();
 
   const std::string subnet_;
-  uint32_t base_ = 0;    // host order
-  uint32_t blocks_ = 0;  // /30s in the subnet
+  uint32_t base_ = 0;                             // host order
+  uint32_t blocks_ = 0;                           // /30s in the subnet
   static constexpr uint32_t kResolverBlocks = 4;  // the first /28: resolver addresses, never a link
   std::mutex mu_;
   bool prepared_ = false;

@@ -53,8 +53,8 @@ Result<Ip4Endpoint> parseIp4Endpoint(const std::string& text) {
   if (auto colon = text.rfind(':'); colon != std::string::npos) {
     host = text.substr(0, colon);
     const std::string port = text.substr(colon + 1);
-    if (port.empty() || port.size() > 5 || !std::all_of(port.begin(), port.end(), ::isdigit) ||
-        std::stoi(port) < 1 || std::stoi(port) > 65535) {
+    if (port.empty() || port.size() > 5 || !std::all_of(port.begin(), port.end(), ::isdigit) || std::stoi(port) < 1 ||
+        std::stoi(port) > 65535) {
       return Error::invalid("DNS upstream \"" + text + "\": the port must be 1..65535");
     }
     out.port = static_cast<uint16_t>(std::stoi(port));
@@ -186,9 +186,9 @@ void NodeResolver::readQueries(int listener) {
     std::vector<uint8_t> buf(dns::kMaxMessage);
     sockaddr_in from{};
     socklen_t from_len = sizeof from;
-    const ssize_t got = ::recvfrom(listener, buf.data(), buf.size(), MSG_TRUNC, reinterpret_cast<sockaddr*>(&from),
-                                   &from_len);
-    if (got < 0) return;  // EAGAIN: drained
+    const ssize_t got =
+        ::recvfrom(listener, buf.data(), buf.size(), MSG_TRUNC, reinterpret_cast<sockaddr*>(&from), &from_len);
+    if (got < 0) return;                                                                // EAGAIN: drained
     if (static_cast<size_t>(got) > buf.size() || from.sin_family != AF_INET) continue;  // no query is that long
     buf.resize(static_cast<size_t>(got));
     handleQuery(listener, ntohl(from.sin_addr.s_addr), ntohs(from.sin_port), std::move(buf));

@@ -50,8 +50,8 @@ Ip4Endpoint firstNameserver(const std::string& resolv_conf_text);
 
 class NodeResolver {
  public:
-  static constexpr double kMinTtl = 30;     // seconds an answer's address stays open at least
-  static constexpr double kMaxTtl = 3600;   // and at most (the sandbox asks again after that)
+  static constexpr double kMinTtl = 30;    // seconds an answer's address stays open at least
+  static constexpr double kMaxTtl = 3600;  // and at most (the sandbox asks again after that)
   static constexpr double kUpstreamTimeout = 3;
   static constexpr int kMaxInFlightPerSandbox = 16;
   static constexpr int kMaxInFlight = 256;

@@ -1,12 +1,11 @@
 // The DNS parser of the node's resolver faces sandboxes' queries and the network's answers: malformed, cut short,
 // looping compression, huge counts and odd bytes are refused (never read past the message, never loop), and the
 // addresses of an answer are exactly the question's own and those at the end of its CNAME chain.
-#include "DnsMessage.h"
-
 #include <gtest/gtest.h>
 
 #include <random>
 
+#include "DnsMessage.h"
 #include "dsec/backends/NetworkPolicy.h"
 
 namespace dsec::backends::dns {
@@ -235,9 +234,9 @@ TEST(DnsMessageTest, RepliesKeepIdRdAndQuestion) {
   ASSERT_TRUE(parsed.ok());
   auto r = replyTo(q, *parsed, kRefused);
   EXPECT_EQ(messageId(r), 0xBEEF);
-  EXPECT_EQ(r[2], 0x81);         // QR, RD
+  EXPECT_EQ(r[2], 0x81);  // QR, RD
   EXPECT_EQ(r[3] & 0x0F, kRefused);
-  EXPECT_EQ(r[5], 1);            // one question
+  EXPECT_EQ(r[5], 1);  // one question
   EXPECT_EQ(std::vector<uint8_t>(r.begin() + kHeaderSize, r.end()),
             std::vector<uint8_t>(q.begin() + kHeaderSize, q.end()));
   auto h = headerReply(q, kFormErr);
