@@ -23,6 +23,7 @@
 #include "EgressFilter.h"
 #include "EgressNetwork.h"
 #include "JoinFdCache.h"
+#include "NodeResolver.h"
 #include "PathProtection.h"
 #include "Spawn.h"
 #include "UserNamespace.h"
@@ -56,13 +57,17 @@ struct ContainerShared {
   // and where its refusals go (each sandbox's record, by its network namespace's cookie).
   std::mutex egress_mu;
   std::unique_ptr<EgressFilter> egress_filter;
+  std::unique_ptr<NodeResolver> resolver;  // the sandboxes' DNS resolver, started with the filter
   std::mutex logs_mu;
   std::map<uint64_t, std::weak_ptr<ViolationLog>> logs_by_netns;
-  ~ContainerShared();  // stops the filter's thread before the logs it writes to go
+  std::map<uint32_t, uint64_t> netns_by_address;  // a sandbox's eth0 address -> its cookie (the resolver's clients)
+  ~ContainerShared();  // stops the resolver's and the filter's threads before the logs they write to go
 };
 
-// The started egress filter (SandboxEgress.cc); kUnsupported naming what the host lacks.
+// The started egress filter and resolver (SandboxEgress.cc); kUnsupported naming what the host lacks.
 Result<EgressFilter*> startedEgressFilter(ContainerShared& shared);
+// The address the started resolver listens on (host order).
+uint32_t resolverAddress(ContainerShared& shared);
 
 struct InitProcess {
   pid_t pid = -1;
@@ -91,11 +96,12 @@ class ContainerSandbox : public Sandbox {
   bool supportsStdinFd() const override { return true; }
   Result<LongRunningProcess> spawn(const ExecRequest& request) override;
   Status setMemoryLimit(int64_t bytes) override;
-  // Puts the sandbox under the egress filter with its policy (create, adopt); resolver_ip4 in host order.
-  Status enforceEgress(const EgressPolicy& policy, uint32_t resolver_ip4);   // SandboxEgress.cc
-  Status setEgress(const EgressPolicy& policy) override;                     // SandboxEgress.cc
-  Status setProtectedPaths(const std::vector<std::string>& paths) override;  // ProtectedPaths.cc
-  Result<std::vector<Violation>> violations() override;                      // SandboxPolicyOps.cc
+  // Puts the sandbox under the egress filter with its policy (create, adopt): address_ip4 is its eth0's (its
+  // queries come from there), resolver_ip4 the resolver its /etc/resolv.conf names; host order.
+  Status enforceEgress(const EgressPolicy& policy, uint32_t address_ip4, uint32_t resolver_ip4);  // SandboxEgress.cc
+  Status setEgress(const EgressPolicy& policy) override;                                          // SandboxEgress.cc
+  Status setProtectedPaths(const std::vector<std::string>& paths) override;                       // ProtectedPaths.cc
+  Result<std::vector<Violation>> violations() override;                                           // SandboxPolicyOps.cc
 
   Result<UniqueFd> openForRead(const std::string& path) override;
   Result<UniqueFd> openForWrite(const std::string& path, uint32_t mode) override;
@@ -169,6 +175,7 @@ class ContainerSandbox : public Sandbox {
   // Under the egress filter (enforceEgress): its network namespace's cookie (0 = not), the resolver it may query
   // and the policy in force now (spec_.egress is the one it was created with). Under policy_mu_.
   uint64_t netns_cookie_ = 0;
+  uint32_t address_ip4_ = 0;
   uint32_t resolver_ip4_ = 0;
   EgressPolicy egress_;
   void forgetEgress();

@@ -235,7 +235,8 @@ void EgressFilter::eraseEntries(uint64_t netns_cookie, const SandboxPolicy& poli
   }
   const int resolved_fd = bpf_map__fd(skeleton_->maps.resolved);
   for (const auto& [where, expiry] : policy.resolved) {
-    dsec_egress_resolved_key key{};
+    dsec_egress_resolved_key key;
+    std::memset(&key, 0, sizeof key);
     key.netns_cookie = netns_cookie;
     key.generation = policy.generation;
     key.ip4 = htonl(where.first);
@@ -275,21 +276,48 @@ Status EgressFilter::setPolicy(uint64_t netns_cookie, const EgressPolicy& policy
   return okStatus();
 }
 
-Status EgressFilter::allowResolved(uint64_t netns_cookie, uint32_t ip4, uint16_t port, double ttl_seconds) {
-  std::lock_guard lock(mu_);
-  auto found = sandboxes_.find(netns_cookie);
-  if (found == sandboxes_.end()) return Error::notFound("no egress policy for this network namespace");
-  dsec_egress_resolved_key key{};
+Status EgressFilter::installResolved(uint64_t netns_cookie, SandboxPolicy& policy, uint32_t ip4, uint16_t port,
+                                     double ttl_seconds) {
+  dsec_egress_resolved_key key;
+  std::memset(&key, 0, sizeof key);  // padding too: the map compares every byte
   key.netns_cookie = netns_cookie;
-  key.generation = found->second.generation;
+  key.generation = policy.generation;
   key.ip4 = htonl(ip4);
   key.port = htons(port);
-  const double expiry = bootSeconds() + ttl_seconds;
+  double expiry = bootSeconds() + ttl_seconds;
+  auto known = policy.resolved.find({ip4, port});
+  if (known != policy.resolved.end()) expiry = std::max(expiry, known->second);  // a shorter answer never cuts
   dsec_egress_resolved value{static_cast<uint64_t>(expiry * 1e9)};
   if (bpf_map_update_elem(bpf_map__fd(skeleton_->maps.resolved), &key, &value, BPF_ANY) != 0) {
     return Error::sys(errno, "allow resolved address " + ip4Text(ip4));
   }
-  found->second.resolved[{ip4, port}] = expiry;
+  policy.resolved[{ip4, port}] = expiry;
+  return okStatus();
+}
+
+Status EgressFilter::allowResolved(uint64_t netns_cookie, uint32_t ip4, uint16_t port, double ttl_seconds) {
+  std::lock_guard lock(mu_);
+  auto found = sandboxes_.find(netns_cookie);
+  if (found == sandboxes_.end()) return Error::notFound("no egress policy for this network namespace");
+  return installResolved(netns_cookie, found->second, ip4, port, ttl_seconds);
+}
+
+std::optional<NameVerdict> EgressFilter::verdictFor(uint64_t netns_cookie, const std::string& name) {
+  std::lock_guard lock(mu_);
+  auto found = sandboxes_.find(netns_cookie);
+  if (found == sandboxes_.end()) return std::nullopt;
+  return found->second.policy.verdictFor(name);
+}
+
+Status EgressFilter::allowResolvedName(uint64_t netns_cookie, const std::string& name, uint32_t ip4,
+                                       double ttl_seconds) {
+  std::lock_guard lock(mu_);
+  auto found = sandboxes_.find(netns_cookie);
+  if (found == sandboxes_.end()) return Error::notFound("no egress policy for this network namespace");
+  for (const auto& rule : found->second.policy.rules) {
+    if (!rule.matchesName(name)) continue;
+    DSEC_TRY(installResolved(netns_cookie, found->second, ip4, rule.port, ttl_seconds));
+  }
   return okStatus();
 }
 

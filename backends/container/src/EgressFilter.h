@@ -16,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -59,6 +60,11 @@ class EgressFilter {
   Status setPolicy(uint64_t netns_cookie, const EgressPolicy& policy, uint32_t resolver_ip4);
   // Lets a sandbox reach an address its resolver answered for an allowed name, until the answer's TTL runs out.
   Status allowResolved(uint64_t netns_cookie, uint32_t ip4, uint16_t port, double ttl_seconds);
+  // What the sandbox's current policy says of a name it asks the resolver for; nullopt when it has no policy.
+  std::optional<NameVerdict> verdictFor(uint64_t netns_cookie, const std::string& name);
+  // allowResolved for each domain rule of the current policy that covers name (with the rule's port), as one step
+  // against a concurrent policy change: a name the new policy does not cover opens nothing.
+  Status allowResolvedName(uint64_t netns_cookie, const std::string& name, uint32_t ip4, double ttl_seconds);
   // Forgets a sandbox (destroyed). Its namespace's cookie is never reused.
   void remove(uint64_t netns_cookie);
   // Whether the sandbox's current policy lets it reach ip4:port (host order), as the programs decide.
@@ -83,6 +89,8 @@ class EgressFilter {
     std::map<std::pair<uint32_t, uint16_t>, double> resolved;  // (ip4, port) -> expiry (monotonic seconds)
   };
   void eraseEntries(uint64_t netns_cookie, const SandboxPolicy& policy);
+  Status installResolved(uint64_t netns_cookie, SandboxPolicy& policy, uint32_t ip4, uint16_t port,
+                         double ttl_seconds);  // under mu_
 
   dsec_egress* skeleton_ = nullptr;
   UniqueFd cgroup_fd_;

@@ -2,15 +2,66 @@
 // it is destroyed. The kernel side is EgressFilter.
 #include <arpa/inet.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "ContainerSandbox.h"
 #include "dsec/common/Logging.h"
+#include "dsec/common/Strings.h"
 
 namespace dsec::backends {
 
 ContainerShared::~ContainerShared() {
+  resolver.reset();       // its thread uses the filter and logs_by_netns
   egress_filter.reset();  // its event thread delivers into logs_by_netns
+}
+
+namespace {
+
+std::string dottedQuad(uint32_t ip4) {
+  in_addr a{htonl(ip4)};
+  char buf[INET_ADDRSTRLEN] = {};
+  inet_ntop(AF_INET, &a, buf, sizeof buf);
+  return buf;
+}
+
+// Where the resolver sends allowed names: the operator's choice, else the node's own resolver.
+Ip4Endpoint dnsUpstream(const ContainerBackendOptions& options) {
+  if (!options.dns_upstream.empty()) {
+    auto parsed = parseIp4Endpoint(options.dns_upstream);  // checked when the backend was made
+    return parsed.ok() ? *parsed : Ip4Endpoint{};
+  }
+  auto conf = readFile("/etc/resolv.conf");
+  Ip4Endpoint found = conf.ok() ? firstNameserver(*conf) : Ip4Endpoint{};
+  if (found.ip4 == 0) {
+    DSEC_LOG(kWarn, "container") << "no IPv4 nameserver in /etc/resolv.conf: sandboxes' allowed names get SERVFAIL "
+                                    "(set dns_upstream)";
+  }
+  return found;
+}
+
+Result<std::unique_ptr<NodeResolver>> startResolver(ContainerShared& shared, EgressFilter* filter,
+                                                    const EgressFilter::ViolationSink& sink) {
+  NodeResolver::Hooks hooks;
+  hooks.sandbox_of = [&shared](uint32_t ip4) -> uint64_t {
+    std::lock_guard logs(shared.logs_mu);
+    auto found = shared.netns_by_address.find(ip4);
+    return found == shared.netns_by_address.end() ? 0 : found->second;
+  };
+  hooks.verdict = [filter](uint64_t cookie, const std::string& name) { return filter->verdictFor(cookie, name); };
+  hooks.allow = [filter](uint64_t cookie, const std::string& name, uint32_t ip4, double ttl) {
+    return filter->allowResolvedName(cookie, name, ip4, ttl);
+  };
+  hooks.report = sink;
+  DSEC_ASSIGN_OR_RETURN(std::vector<uint32_t> addresses, shared.egress->resolverAddresses());
+  return NodeResolver::start(addresses, EgressNetwork::addNodeAddress, dnsUpstream(shared.options), std::move(hooks));
+}
+
+}  // namespace
+
+uint32_t resolverAddress(ContainerShared& shared) {
+  std::lock_guard lock(shared.egress_mu);
+  return shared.resolver ? shared.resolver->address() : 0;
 }
 
 Result<EgressFilter*> startedEgressFilter(ContainerShared& shared) {
@@ -45,23 +96,38 @@ Result<EgressFilter*> startedEgressFilter(ContainerShared& shared) {
     never.push_back({ntohl(net), rule->prefix_len});
   }
   DSEC_TRY(filter->setNever(never));
-  DSEC_LOG(kInfo, "container") << "egress policies enforced by BPF programs on " << dir;
+  DSEC_ASSIGN_OR_RETURN(shared.resolver, startResolver(shared, filter.get(), sink));
+  DSEC_LOG(kInfo, "container") << "egress policies enforced by BPF programs on " << dir << "; sandboxes' resolver on "
+                               << dottedQuad(shared.resolver->address()) << ":53";
   shared.egress_filter = std::move(filter);
   return shared.egress_filter.get();
 }
 
-Status ContainerSandbox::enforceEgress(const EgressPolicy& policy, uint32_t resolver_ip4) {
+Status ContainerSandbox::enforceEgress(const EgressPolicy& policy, uint32_t address_ip4, uint32_t resolver_ip4) {
   std::lock_guard lock(policy_mu_);
   DSEC_ASSIGN_OR_RETURN(EgressFilter * filter, startedEgressFilter(*shared_));
   DSEC_ASSIGN_OR_RETURN(uint64_t cookie, netnsCookieOf(init_.pidfd.get()));
+  if (resolver_ip4 != 0 && resolver_ip4 != resolverAddress(*shared_)) {
+    // Adopted from an agent that served it elsewhere (its /etc/resolv.conf names that address): serve there too
+    // when the address is free (that agent is gone), else its names fail (the other resolver does not know it).
+    auto reserved = shared_->egress->resolverAddresses();
+    if (reserved.ok() && std::find(reserved->begin(), reserved->end(), resolver_ip4) != reserved->end()) {
+      std::lock_guard egress(shared_->egress_mu);
+      if (auto s = shared_->resolver->alsoServe(resolver_ip4); !s.ok()) {
+        DSEC_LOG(kWarn, "container") << spec_.id << ": its resolver address is another's: " << s.error().toString();
+      }
+    }
+  }
   {
     std::lock_guard logs(shared_->logs_mu);
     shared_->logs_by_netns[cookie] = violations_;
+    if (address_ip4 != 0) shared_->netns_by_address[address_ip4] = cookie;
   }
   DSEC_TRY(filter->setPolicy(cookie, policy, resolver_ip4));
   netns_cookie_ = cookie;
-  resolver_ip4_ = resolver_ip4;
   std::lock_guard state(mu_);
+  address_ip4_ = address_ip4;
+  resolver_ip4_ = resolver_ip4;
   egress_ = policy;
   return okStatus();
 }
@@ -99,6 +165,10 @@ void ContainerSandbox::forgetEgress() {
   }
   std::lock_guard logs(shared_->logs_mu);
   shared_->logs_by_netns.erase(netns_cookie_);
+  auto owner = shared_->netns_by_address.find(address_ip4_);
+  if (owner != shared_->netns_by_address.end() && owner->second == netns_cookie_) {
+    shared_->netns_by_address.erase(owner);
+  }
   netns_cookie_ = 0;
 }
 
