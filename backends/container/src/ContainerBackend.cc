@@ -454,7 +454,7 @@ class ContainerBackend : public Backend {
       auto current = parseEgressPolicy(state.value("egress", spec_egress.texts()));
       if (!current.ok()) return current.error().wrap("adopt " + sandbox->spec().id);
       if (auto s = sandbox->enforceEgress(*current, state.value("egress_address", uint32_t{0}),
-                                          state.value("egress_resolver", uint32_t{0}));
+                                          state.value("egress_resolver", uint32_t{0}), true);
           !s.ok()) {
         return s.error().wrap("adopt " + sandbox->spec().id);
       }
@@ -488,16 +488,8 @@ class ContainerBackend : public Backend {
   }
 
   Result<std::vector<std::string>> listLeftovers() override {
-    // The agent asks once it has adopted what it could: every adopted sandbox has its policy back in this agent's
-    // filter, so the earlier agent's programs are no longer needed.
-    {
-      std::lock_guard lock(shared_->egress_mu);
-      if (shared_->egress_filter) {
-        if (auto s = shared_->egress_filter->detachOthers(true); !s.ok()) {
-          DSEC_LOG(kWarn, "container") << "egress: " << s.error().toString();
-        }
-      }
-    }
+    // The agent asks once it has adopted what it could: earlier agents' egress directories it emptied go.
+    removeStaleEgressDirs(*shared_);
     DSEC_ASSIGN_OR_RETURN(std::vector<std::string> names, shared_->cgroups->list());
     std::lock_guard lock(shared_->mu);
     std::vector<std::string> out;

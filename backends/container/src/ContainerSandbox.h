@@ -58,6 +58,9 @@ struct ContainerShared {
   std::mutex egress_mu;
   std::unique_ptr<EgressFilter> egress_filter;
   std::unique_ptr<NodeResolver> resolver;  // the sandboxes' DNS resolver, started with the filter
+  // On a v1 host, the cgroup2 directory of this agent's egress programs, where its spawner (and so every command)
+  // lives: <unified>/<parent>/agent-<pid>-<hex>. "" on v2 (each sandbox's own cgroup carries them).
+  std::string egress_agent_dir;
   std::mutex logs_mu;
   std::map<uint64_t, std::weak_ptr<ViolationLog>> logs_by_netns;
   std::map<uint32_t, uint64_t> netns_by_address;  // a sandbox's eth0 address -> its cookie (the resolver's clients)
@@ -68,6 +71,8 @@ struct ContainerShared {
 Result<EgressFilter*> startedEgressFilter(ContainerShared& shared);
 // The address the started resolver listens on (host order).
 uint32_t resolverAddress(ContainerShared& shared);
+// On a v1 host, removes the egress directories of earlier agents that no process is left in.
+void removeStaleEgressDirs(ContainerShared& shared);
 
 struct InitProcess {
   pid_t pid = -1;
@@ -98,7 +103,9 @@ class ContainerSandbox : public Sandbox {
   Status setMemoryLimit(int64_t bytes) override;
   // Puts the sandbox under the egress filter with its policy (create, adopt): address_ip4 is its eth0's (its
   // queries come from there), resolver_ip4 the resolver its /etc/resolv.conf names; host order.
-  Status enforceEgress(const EgressPolicy& policy, uint32_t address_ip4, uint32_t resolver_ip4);  // SandboxEgress.cc
+  // adopted: its processes may be under an earlier agent's programs (moved under ours on a v1 host).
+  Status enforceEgress(const EgressPolicy& policy, uint32_t address_ip4, uint32_t resolver_ip4,
+                       bool adopted = false);  // SandboxEgress.cc
   Status setEgress(const EgressPolicy& policy) override;                                          // SandboxEgress.cc
   Status setProtectedPaths(const std::vector<std::string>& paths) override;                       // ProtectedPaths.cc
   Result<std::vector<Violation>> violations() override;                                           // SandboxPolicyOps.cc
