@@ -133,3 +133,32 @@ def test_arguments_are_checked_before_any_request(client, dsec):
         client.create(image=dsec.image, network={"egress": "10.0.0.0/8"})
     with pytest.raises(pydsec.InvalidRequestError):
         client.create(image=dsec.image, protect=["relative/path"])
+
+
+def test_stages_from_asyncio(dsec, world):
+    import asyncio
+
+    import pydsec.aio
+
+    addr, port = world["addr"], world["port"]
+
+    async def main():
+        async with pydsec.aio.Client(endpoint=dsec.endpoint, token=dsec.token) as c:
+            async with c.create(image=dsec.image, network={"egress": [addr]}, protect=["/bin"],
+                                labels={"suite": "aio-egress"}) as sb:
+                r = await sb.exec(f"echo | nc -w 3 {addr} {port}")
+                assert r.stdout.strip() == "hi"
+                info = await sb.set_network([])
+                assert info["egress"] == []
+                r = await sb.exec(f"echo | nc -w 3 {addr} {port} 2>&1")
+                assert r.stdout.strip() != "hi"
+                assert (await sb.set_protect([]))["protect"] == []
+                found = []
+                for _ in range(200):
+                    found = [v for v in await sb.violations() if v["target"] == f"{addr}:{port}"]
+                    if found:
+                        break
+                    await asyncio.sleep(0.05)
+                assert found and found[0]["kind"] == "connect"
+
+    asyncio.run(main())

@@ -90,6 +90,25 @@ TEST_F(EgressPolicyTest, NoRulesMeansNoEgress) {
   EXPECT_EQ(connect(sb, "127.0.0.1", 7777), "hi") << "the sandbox's own loopback was refused";
 }
 
+// Raw and packet sockets name no destination the connect and send hooks judge: a sandbox holds no CAP_NET_RAW, so
+// it cannot open them (ping, a raw-socket sender, reaches the world in the positive control only through the
+// node's own namespace, which is not a sandbox).
+TEST_F(EgressPolicyTest, RawSocketsCannotGoAroundThePolicy) {
+  auto& sb = createNet(backends::NetworkMode::kEgress, {});
+  auto r = sh(sb, "ping -c 1 -W 2 " + world_ + " 2>&1; echo rc=$?");
+  EXPECT_EQ(r.stdout_data.find("rc=0"), std::string::npos) << r.stdout_data;
+  EXPECT_EQ(r.stdout_data.find("1 packets received"), std::string::npos) << "a raw socket reached the world: "
+                                                                           << r.stdout_data;
+  auto caps = sh(sb, "grep CapEff /proc/self/status");
+  const std::string hex = trim(caps.stdout_data.substr(caps.stdout_data.find(':') + 1));
+  ASSERT_FALSE(hex.empty()) << caps.stdout_data;
+  EXPECT_EQ(std::stoull(hex, nullptr, 16) & (1ULL << 13), 0u) << "CAP_NET_RAW is in the sandbox's set: " << hex;
+  // Control: the world answers pings (from the node), so the sandbox's ping failed for want of a raw socket.
+  auto control = runCommand({"/bin/busybox", "ping", "-c", "1", "-W", "5", world_});
+  ASSERT_OK(control);
+  EXPECT_EQ(control->exit_code, 0) << "the world does not answer pings, so the check above proves nothing";
+}
+
 TEST_F(EgressPolicyTest, TheNodeAndMetadataAreRefusedEvenToABroadPolicy) {
   auto& sb = createNet(backends::NetworkMode::kEgress, {"0.0.0.0/0"});
   auto link = sh(sb, "ip route | awk '/default/ {print $3}'");

@@ -22,7 +22,7 @@ constexpr const char* kApplets[] = {
     "id",     "env",  "true",  "false",    "head",  "tail",    "wc",     "df",      "touch",    "mkdir",  "rm",
     "grep",   "sed",  "awk",   "kill",     "nc",    "unshare", "ip",     "seq",     "cut",      "tr",     "sort",
     "test",   "[",    "uname", "readlink", "ln",    "chmod",   "stat",   "find",    "xargs",    "printf", "pwd",
-    "md5sum", "date", "pidof", "nsenter",  "mknod", "mkfifo",  "usleep", "timeout", "setsid",   "wget",   "whoami", "nslookup"};
+    "md5sum", "date", "pidof", "nsenter",  "mknod", "mkfifo",  "usleep", "timeout", "setsid",   "wget",   "whoami", "nslookup", "ping"};
 
 struct LayerHolder {
   TestLayer layer;
