@@ -22,6 +22,7 @@
 
 #include "EgressFilter.h"
 #include "EgressNetwork.h"
+#include "FileWatch.h"
 #include "JoinFdCache.h"
 #include "PathProtection.h"
 #include "Spawn.h"
@@ -58,11 +59,18 @@ struct ContainerShared {
   std::unique_ptr<EgressFilter> egress_filter;
   std::mutex logs_mu;
   std::map<uint64_t, std::weak_ptr<ViolationLog>> logs_by_netns;
-  ~ContainerShared();  // stops the filter's thread before the logs it writes to go
+  // Refused writes to protected paths (SandboxFileWatch.cc): the watch, started with the first sandbox that has
+  // protected paths, or why it could not be (then not tried again).
+  std::mutex filewatch_mu;
+  std::unique_ptr<FileWatch> filewatch;
+  std::string filewatch_problem;
+  ~ContainerShared();  // stops the filter's and the watch's threads before the logs they write to go
 };
 
 // The started egress filter (SandboxEgress.cc); kUnsupported naming what the host lacks.
 Result<EgressFilter*> startedEgressFilter(ContainerShared& shared);
+// The started file watch (SandboxFileWatch.cc); kUnsupported, said once in the log, when the host cannot run it.
+Result<FileWatch*> startedFileWatch(ContainerShared& shared);
 
 struct InitProcess {
   pid_t pid = -1;
@@ -95,7 +103,9 @@ class ContainerSandbox : public Sandbox {
   Status enforceEgress(const EgressPolicy& policy, uint32_t resolver_ip4);   // SandboxEgress.cc
   Status setEgress(const EgressPolicy& policy) override;                     // SandboxEgress.cc
   Status setProtectedPaths(const std::vector<std::string>& paths) override;  // ProtectedPaths.cc
-  Result<std::vector<Violation>> violations() override;                      // SandboxPolicyOps.cc
+  // Puts an adopted sandbox's protected paths back under the file watch (SandboxFileWatch.cc).
+  void rewatchProtectedPaths();
+  Result<std::vector<Violation>> violations() override;  // SandboxPolicyOps.cc
 
   Result<UniqueFd> openForRead(const std::string& path) override;
   Result<UniqueFd> openForWrite(const std::string& path, uint32_t mode) override;
@@ -166,10 +176,19 @@ class ContainerSandbox : public Sandbox {
   // What its processes were refused; shared with whatever reports refusals (egress filter, resolver).
   std::shared_ptr<ViolationLog> violations_ = std::make_shared<ViolationLog>();
   std::mutex policy_mu_;  // one policy change at a time
-  // Puts the sandbox under the egress filter with its policy (create, adopt); resolver_ip4 in host order.
-  Status enforceEgress(const EgressPolicy& policy, uint32_t resolver_ip4);   // SandboxEgress.cc
-  Status setEgress(const EgressPolicy& policy) override;                     // SandboxEgress.cc
-  Status setProtectedPaths(const std::vector<std::string>& paths) override;  // ProtectedPaths.cc
+  // Under the egress filter (enforceEgress): its network namespace's cookie (0 = not), the resolver it may query
+  // and the policy in force now (spec_.egress is the one it was created with). Under policy_mu_.
+  uint64_t netns_cookie_ = 0;
+  uint32_t resolver_ip4_ = 0;
+  EgressPolicy egress_;
+  void forgetEgress();
+  // Protected paths in force (the list changes at runtime; spec_ keeps the one it was created with).
+  std::unique_ptr<PathProtection> protection_;
+  // Under the file watch while it has protected paths (SandboxFileWatch.cc): its mount namespace's inode (0 = not
+  // known yet). Under policy_mu_.
+  uint32_t mntns_ = 0;
+  void watchProtectedPaths();
+  void forgetFileWatch();
 };
 
 // The files a freshly cloned (single-threaded) child writes "0" into to join the sandbox cgroup. On cgroup v1

@@ -11,6 +11,7 @@ namespace dsec::backends {
 
 ContainerShared::~ContainerShared() {
   egress_filter.reset();  // its event thread delivers into logs_by_netns
+  filewatch.reset();
 }
 
 Result<EgressFilter*> startedEgressFilter(ContainerShared& shared) {
