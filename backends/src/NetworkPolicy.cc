@@ -137,6 +137,22 @@ std::vector<std::string> EgressPolicy::texts() const {
   return out;
 }
 
+bool EgressRule::matchesName(const std::string& name) const {
+  if (!isDomain()) return false;
+  if (!wildcard) return name == domain;
+  return name.size() > domain.size() + 1 && name.compare(name.size() - domain.size(), domain.size(), domain) == 0 &&
+         name[name.size() - domain.size() - 1] == '.';
+}
+
+NameVerdict EgressPolicy::verdictFor(const std::string& name) const {
+  bool any_address = false;
+  for (const auto& rule : rules) {
+    if (rule.matchesName(name)) return NameVerdict::kAllowed;
+    any_address = any_address || (!rule.isDomain() && rule.prefix_len == 0);
+  }
+  return any_address ? NameVerdict::kAnyAddress : NameVerdict::kDenied;
+}
+
 bool EgressPolicy::hasDomains() const {
   return std::any_of(rules.begin(), rules.end(), [](const EgressRule& r) { return r.isDomain(); });
 }

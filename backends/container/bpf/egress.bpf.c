@@ -79,7 +79,14 @@ static __always_inline void report(struct bpf_sock_addr *ctx, __u64 cookie, __u3
 }
 
 static __always_inline int resolved_allows(__u64 cookie, __u32 generation, __u32 ip4, __u16 port) {
-  struct dsec_egress_resolved_key key = {.netns_cookie = cookie, .generation = generation, .ip4 = ip4, .port = port};
+  /* The whole key, trailing padding included: the hash compares every byte, and an initializer leaves the padding
+   * as the stack had it (the lookup then missed or hit at random). */
+  struct dsec_egress_resolved_key key;
+  __builtin_memset(&key, 0, sizeof(key));
+  key.netns_cookie = cookie;
+  key.generation = generation;
+  key.ip4 = ip4;
+  key.port = port;
   struct dsec_egress_resolved *hit = bpf_map_lookup_elem(&resolved, &key);
   if (!hit) {
     key.port = 0;

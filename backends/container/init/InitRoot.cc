@@ -219,7 +219,28 @@ void mountProc(const char* root) {
   }
 }
 
-// A sandbox with a network needs a resolver and a hosts file: the host's, read-only.
+namespace {
+
+// /etc/resolv.conf naming only the node's resolver for sandboxes, written on the scratch tmpfs (outside the root,
+// gone with the mount namespace) for bindEtc to bind: "nameserver ADDRESS\n".
+const char* writeResolvConf() {
+  static char path[4096];
+  static char text[128];
+  appendStr(path, 0, sizeof path, joinPath(g_cfg.scratch, "resolv.conf"));
+  size_t n = appendStr(text, 0, sizeof text, "nameserver ");
+  n = appendStr(text, n, sizeof text, g_cfg.nameserver);
+  n = appendStr(text, n, sizeof text, "\n");
+  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+  check("bind_etc", fd, "create resolv.conf");
+  writeAll(fd, text, n);
+  close(fd);
+  return path;
+}
+
+}  // namespace
+
+// A sandbox with a network needs a resolver and a hosts file: the node's hosts file read-only, and for egress a
+// resolv.conf naming the node's resolver for sandboxes (else the host's).
 void bindEtc(const char* root) {
   step("bind_etc");
   if (g_cfg.network == Network::kNone) return;
@@ -227,9 +248,14 @@ void bindEtc(const char* root) {
   char etc[4096];
   appendStr(etc, 0, sizeof etc, joinPath(root, "etc"));
   check("bind_etc", mkdirIfMissing(etc, 0755), "mkdir /etc");
+  const char* generated = g_cfg.nameserver != nullptr ? writeResolvConf() : nullptr;
   for (const char* f : kFiles) {
-    char host[256];
-    appendStr(host, appendStr(host, 0, sizeof host, "/etc/"), sizeof host, f);
+    char host[4096];
+    if (generated != nullptr && strcmp(f, "resolv.conf") == 0) {
+      appendStr(host, 0, sizeof host, generated);
+    } else {
+      appendStr(host, appendStr(host, 0, sizeof host, "/etc/"), sizeof host, f);
+    }
     if (access(host, R_OK) != 0) continue;
     const char* target = joinPath(etc, f);
     ensureFile(target);

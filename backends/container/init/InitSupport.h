@@ -26,6 +26,7 @@ struct Config {
   const char* egress_address = nullptr;  // network egress: eth0's address, the node end, the netmask
   const char* egress_gateway = nullptr;
   const char* egress_netmask = nullptr;
+  const char* nameserver = nullptr;  // network egress: the node's resolver; /etc/resolv.conf names only it
   const sock_filter* bpf = nullptr;
   int bpf_len = 0;
 };

@@ -120,6 +120,8 @@ void readConfig() {
       *mask++ = '\0';
       g_cfg.egress_gateway = gw;
       g_cfg.egress_netmask = mask;
+    } else if (strcmp(p, "nameserver") == 0) {
+      g_cfg.nameserver = value;
     } else if (strcmp(p, "read_only_root") == 0) {
       g_cfg.read_only_root = strcmp(value, "1") == 0;
     } else if (strcmp(p, "bpf") == 0) {

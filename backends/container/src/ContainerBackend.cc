@@ -96,6 +96,7 @@ std::string buildInitConfig(const SandboxSpec& spec, int64_t disk_bytes, const s
   c += "disk_bytes " + std::to_string(disk_bytes) + "\n";
   c += std::string("network ") + networkModeName(spec.network) + "\n";
   if (egress) c += "egress " + egress->address + " " + egress->gateway + " " + egress->netmask + "\n";
+  if (egress && !egress->resolver.empty()) c += "nameserver " + egress->resolver + "\n";
   if (spec.read_only_root) c += "read_only_root 1\n";
   c += "bpf " + std::to_string(bpf.size()) + "\n";
   c.append(reinterpret_cast<const char*>(bpf.data()), bpf.size() * sizeof(sock_filter));
@@ -365,9 +366,10 @@ class ContainerBackend : public Backend {
     Status guarded = okStatus();
     if (!spec.protected_paths.empty()) guarded = sandbox->setProtectedPaths(sandbox->spec().protected_paths);
     if (guarded.ok() && link) {
-      in_addr resolver{};
-      inet_pton(AF_INET, link->gateway.c_str(), &resolver);
-      guarded = sandbox->enforceEgress(spec.egress, ntohl(resolver.s_addr));
+      in_addr address{}, resolver{};
+      inet_pton(AF_INET, link->address.c_str(), &address);
+      inet_pton(AF_INET, link->resolver.c_str(), &resolver);
+      guarded = sandbox->enforceEgress(spec.egress, ntohl(address.s_addr), ntohl(resolver.s_addr));
     }
     if (!guarded.ok()) {
       (void)sandbox->destroy();
@@ -452,7 +454,9 @@ class ContainerBackend : public Backend {
       // Its policy as it was last set (the programs of the agent before kept enforcing it meanwhile).
       auto current = parseEgressPolicy(state.value("egress", spec_egress.texts()));
       if (!current.ok()) return current.error().wrap("adopt " + sandbox->spec().id);
-      if (auto s = sandbox->enforceEgress(*current, state.value("egress_resolver", uint32_t{0})); !s.ok()) {
+      if (auto s = sandbox->enforceEgress(*current, state.value("egress_address", uint32_t{0}),
+                                          state.value("egress_resolver", uint32_t{0}), true);
+          !s.ok()) {
         return s.error().wrap("adopt " + sandbox->spec().id);
       }
     }
@@ -485,16 +489,8 @@ class ContainerBackend : public Backend {
   }
 
   Result<std::vector<std::string>> listLeftovers() override {
-    // The agent asks once it has adopted what it could: every adopted sandbox has its policy back in this agent's
-    // filter, so the earlier agent's programs are no longer needed.
-    {
-      std::lock_guard lock(shared_->egress_mu);
-      if (shared_->egress_filter) {
-        if (auto s = shared_->egress_filter->detachOthers(true); !s.ok()) {
-          DSEC_LOG(kWarn, "container") << "egress: " << s.error().toString();
-        }
-      }
-    }
+    // The agent asks once it has adopted what it could: earlier agents' egress directories it emptied go.
+    removeStaleEgressDirs(*shared_);
     DSEC_ASSIGN_OR_RETURN(std::vector<std::string> names, shared_->cgroups->list());
     std::lock_guard lock(shared_->mu);
     std::vector<std::string> out;
@@ -532,6 +528,9 @@ class ContainerBackend : public Backend {
       // The filter first: a link is only made where its policy can be enforced.
       DSEC_TRY(startedEgressFilter(*shared_));
       DSEC_ASSIGN_OR_RETURN(egress, shared_->egress->attach(init_pid));
+      in_addr resolver{htonl(resolverAddress(*shared_))};
+      char text[INET_ADDRSTRLEN] = {};
+      egress->resolver = inet_ntop(AF_INET, &resolver, text, sizeof text);
     }
     const std::string config = buildInitConfig(spec, disk_bytes, shared_->seccomp, egress);
     DSEC_TRY(sendConfig(idle.config.get(), config, mounts));
@@ -613,6 +612,7 @@ Result<std::unique_ptr<Backend>> makeContainerBackend(const ContainerBackendOpti
                                       "instances, namespaces, message queues) are charged to root";
     }
   }
+  if (!options.dns_upstream.empty()) DSEC_TRY(parseIp4Endpoint(options.dns_upstream));
   shared->egress = std::make_unique<EgressNetwork>(options.egress_subnet);
   shared->join_fds = std::make_unique<JoinFdCache>(static_cast<size_t>(std::max(0, options.join_fd_cache_sandboxes)));
   shared->spawner_path = findSpawner();

@@ -390,6 +390,7 @@ nlohmann::json ContainerSandbox::persistentState() const {
           {"host_root", owner_.value_or(0)},
           {"egress", egress_.texts()},
           {"egress_resolver", resolver_ip4_},
+          {"egress_address", address_ip4_},
           {"protected_paths", protection_->paths()},
           {"spec", specToJson(spec_)}};
 }

@@ -24,6 +24,7 @@
 #include "EgressNetwork.h"
 #include "FileWatch.h"
 #include "JoinFdCache.h"
+#include "NodeResolver.h"
 #include "PathProtection.h"
 #include "Spawn.h"
 #include "UserNamespace.h"
@@ -57,18 +58,27 @@ struct ContainerShared {
   // and where its refusals go (each sandbox's record, by its network namespace's cookie).
   std::mutex egress_mu;
   std::unique_ptr<EgressFilter> egress_filter;
+  std::unique_ptr<NodeResolver> resolver;  // the sandboxes' DNS resolver, started with the filter
+  // On a v1 host, the cgroup2 directory of this agent's egress programs, where its spawner (and so every command)
+  // lives: <unified>/<parent>/agent-<pid>-<hex>. "" on v2 (each sandbox's own cgroup carries them).
+  std::string egress_agent_dir;
   std::mutex logs_mu;
   std::map<uint64_t, std::weak_ptr<ViolationLog>> logs_by_netns;
+  std::map<uint32_t, uint64_t> netns_by_address;  // a sandbox's eth0 address -> its cookie (the resolver's clients)
   // Refused writes to protected paths (SandboxFileWatch.cc): the watch, started with the first sandbox that has
   // protected paths, or why it could not be (then not tried again).
   std::mutex filewatch_mu;
   std::unique_ptr<FileWatch> filewatch;
   std::string filewatch_problem;
-  ~ContainerShared();  // stops the filter's and the watch's threads before the logs they write to go
+  ~ContainerShared();  // stops the resolver's, the filter's and the watch's threads before the logs they write to go
 };
 
-// The started egress filter (SandboxEgress.cc); kUnsupported naming what the host lacks.
+// The started egress filter and resolver (SandboxEgress.cc); kUnsupported naming what the host lacks.
 Result<EgressFilter*> startedEgressFilter(ContainerShared& shared);
+// The address the started resolver listens on (host order).
+uint32_t resolverAddress(ContainerShared& shared);
+// On a v1 host, removes the egress directories of earlier agents that no process is left in.
+void removeStaleEgressDirs(ContainerShared& shared);
 // The started file watch (SandboxFileWatch.cc); kUnsupported, said once in the log, when the host cannot run it.
 Result<FileWatch*> startedFileWatch(ContainerShared& shared);
 
@@ -99,8 +109,11 @@ class ContainerSandbox : public Sandbox {
   bool supportsStdinFd() const override { return true; }
   Result<LongRunningProcess> spawn(const ExecRequest& request) override;
   Status setMemoryLimit(int64_t bytes) override;
-  // Puts the sandbox under the egress filter with its policy (create, adopt); resolver_ip4 in host order.
-  Status enforceEgress(const EgressPolicy& policy, uint32_t resolver_ip4);   // SandboxEgress.cc
+  // Puts the sandbox under the egress filter with its policy (create, adopt): address_ip4 is its eth0's (its
+  // queries come from there), resolver_ip4 the resolver its /etc/resolv.conf names; host order.
+  // adopted: its processes may be under an earlier agent's programs (moved under ours on a v1 host).
+  Status enforceEgress(const EgressPolicy& policy, uint32_t address_ip4, uint32_t resolver_ip4,
+                       bool adopted = false);                                // SandboxEgress.cc
   Status setEgress(const EgressPolicy& policy) override;                     // SandboxEgress.cc
   Status setProtectedPaths(const std::vector<std::string>& paths) override;  // ProtectedPaths.cc
   // Puts an adopted sandbox's protected paths back under the file watch (SandboxFileWatch.cc).
@@ -179,6 +192,7 @@ class ContainerSandbox : public Sandbox {
   // Under the egress filter (enforceEgress): its network namespace's cookie (0 = not), the resolver it may query
   // and the policy in force now (spec_.egress is the one it was created with). Under policy_mu_.
   uint64_t netns_cookie_ = 0;
+  uint32_t address_ip4_ = 0;
   uint32_t resolver_ip4_ = 0;
   EgressPolicy egress_;
   void forgetEgress();

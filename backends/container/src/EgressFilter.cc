@@ -82,7 +82,8 @@ dsec_egress_allow_key allowKey(uint64_t cookie, uint32_t generation, const Egres
 
 }  // namespace
 
-Result<std::string> EgressFilter::attachDirFor(int cgroup_version, const std::string& parent, const std::string& root) {
+Result<std::string> EgressFilter::cgroup2DirFor(int cgroup_version, const std::string& parent,
+                                               const std::string& root) {
   const std::string base = cgroup_version == 2 ? root : root + "/unified";
   struct statfs fs {};
   if (statfs(base.c_str(), &fs) != 0 || fs.f_type != CGROUP2_SUPER_MAGIC) {
@@ -92,7 +93,7 @@ Result<std::string> EgressFilter::attachDirFor(int cgroup_version, const std::st
   return base + "/" + parent;
 }
 
-Result<std::unique_ptr<EgressFilter>> EgressFilter::start(const std::string& attach_dir, ViolationSink sink) {
+Result<std::unique_ptr<EgressFilter>> EgressFilter::start(ViolationSink sink) {
   std::unique_ptr<EgressFilter> filter(new EgressFilter());
   filter->sink_ = std::move(sink);
   filter->skeleton_ = dsec_egress__open_and_load();
@@ -100,17 +101,22 @@ Result<std::unique_ptr<EgressFilter>> EgressFilter::start(const std::string& att
     return Error(ErrorCode::kUnsupported, "the kernel refused the egress BPF programs (cgroup connect/sendmsg hooks)",
                  errno);
   }
-  // The node's own namespace (ours): its processes are not sandboxes. Set before the programs are attached,
-  // which from then on let nothing else out without a policy.
+  // The node's own namespace (ours): its processes are not sandboxes. Set before the programs are attached
+  // anywhere: from then on they let nothing else out without a policy.
   DSEC_ASSIGN_OR_RETURN(uint64_t own, ownNetnsCookie());
   const uint32_t zero = 0;
   dsec_egress_config config{own};
   if (bpf_map_update_elem(bpf_map__fd(filter->skeleton_->maps.config), &zero, &config, BPF_ANY) != 0) {
     return Error::sys(errno, "configure the egress filter");
   }
-  DSEC_TRY(filter->attach(attach_dir));
+  for (const auto& a : kAttachments) {
+    bpf_prog_info info{};
+    uint32_t len = sizeof info;
+    if (bpf_obj_get_info_by_fd(bpf_program__fd(a.program(filter->skeleton_)), &info, &len) == 0) {
+      filter->program_ids_.push_back(info.id);
+    }
+  }
   DSEC_TRY(filter->refreshNever());
-  DSEC_TRY(filter->detachOthers(false));
   filter->ring_ =
       ring_buffer__new(bpf_map__fd(filter->skeleton_->maps.events), &EgressFilter::onEvent, filter.get(), nullptr);
   if (filter->ring_ == nullptr) return Error::sys(errno, "open the egress filter's event ring");
@@ -118,75 +124,93 @@ Result<std::unique_ptr<EgressFilter>> EgressFilter::start(const std::string& att
   return filter;
 }
 
-Status EgressFilter::attach(const std::string& dir) {
+Status EgressFilter::attachTo(const std::string& dir) {
   DSEC_TRY(makeDirs(dir, 0755));
-  cgroup_fd_ = UniqueFd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (!cgroup_fd_) return Error::sys(errno, "open " + dir);
+  UniqueFd cgroup(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!cgroup) return Error::sys(errno, "open " + dir);
   for (const auto& a : kAttachments) {
-    const int fd = bpf_program__fd(a.program(skeleton_));
-    if (bpf_prog_attach(fd, cgroup_fd_.get(), a.type, BPF_F_ALLOW_MULTI) != 0) {
-      return Error::sys(errno, "attach the egress BPF programs to " + dir);
+    if (bpf_prog_attach(bpf_program__fd(a.program(skeleton_)), cgroup.get(), a.type, BPF_F_ALLOW_MULTI) != 0) {
+      const int err = errno;
+      for (const auto& undo : kAttachments) {
+        (void)bpf_prog_detach2(bpf_program__fd(undo.program(skeleton_)), cgroup.get(), undo.type);
+      }
+      return Error::sys(err, "attach the egress BPF programs to " + dir);
     }
-    bpf_prog_info info{};
-    uint32_t len = sizeof info;
-    if (bpf_obj_get_info_by_fd(fd, &info, &len) == 0) program_ids_.push_back(info.id);
+  }
+  std::lock_guard lock(mu_);
+  attached_.push_back(dir);
+  return okStatus();
+}
+
+void EgressFilter::forgetDir(const std::string& dir) {
+  std::lock_guard lock(mu_);
+  attached_.erase(std::remove(attached_.begin(), attached_.end(), dir), attached_.end());
+}
+
+namespace {
+
+// Detaches the programs named dsec_* on the directory, except those whose ids are in keep.
+Status detachDsecPrograms(int cgroup_fd, const std::vector<uint32_t>& keep) {
+  for (const auto& a : kAttachments) {
+    uint32_t ids[64] = {};
+    uint32_t count = 64;
+    uint32_t flags = 0;
+    if (bpf_prog_query(cgroup_fd, a.type, 0, &flags, ids, &count) != 0) {
+      return Error::sys(errno, "list the BPF programs on a sandboxes' cgroup");
+    }
+    for (uint32_t i = 0; i < count; ++i) {
+      if (std::find(keep.begin(), keep.end(), ids[i]) != keep.end()) continue;
+      UniqueFd prog(bpf_prog_get_fd_by_id(ids[i]));
+      if (!prog) continue;
+      bpf_prog_info info{};
+      uint32_t len = sizeof info;
+      if (bpf_obj_get_info_by_fd(prog.get(), &info, &len) != 0) continue;
+      if (std::strncmp(info.name, kProgramPrefix, std::strlen(kProgramPrefix)) != 0) continue;  // not ours
+      (void)bpf_prog_detach2(prog.get(), cgroup_fd, a.type);
+    }
   }
   return okStatus();
+}
+
+}  // namespace
+
+Status EgressFilter::detachOthersOn(const std::string& dir) {
+  UniqueFd cgroup(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!cgroup) return errno == ENOENT ? okStatus() : Error::sys(errno, "open " + dir);
+  return detachDsecPrograms(cgroup.get(), program_ids_);
+}
+
+bool EgressFilter::removeIfEmpty(const std::string& dir) {
+  auto procs = readFile(dir + "/cgroup.procs");
+  if (!procs.ok() || !trim(*procs).empty()) return false;
+  UniqueFd cgroup(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (cgroup) (void)detachDsecPrograms(cgroup.get(), {});
+  return ::rmdir(dir.c_str()) == 0;
 }
 
 EgressFilter::~EgressFilter() {
   stop_ = true;
   if (events_.joinable()) events_.join();
   if (ring_ != nullptr) ring_buffer__free(ring_);
+  std::vector<std::string> attached;
   bool idle = false;
   {
     std::lock_guard lock(mu_);
     idle = sandboxes_.empty();
+    attached = attached_;
   }
   // With sandboxes left the programs stay attached: they go on enforcing the last policies until the next agent
-  // on this directory takes over. With none, nothing needs them.
-  if (idle && skeleton_ != nullptr && cgroup_fd_) {
-    for (const auto& a : kAttachments) {
-      (void)bpf_prog_detach2(bpf_program__fd(a.program(skeleton_)), cgroup_fd_.get(), a.type);
+  // takes over. With none, nothing needs them.
+  if (idle && skeleton_ != nullptr) {
+    for (const auto& dir : attached) {
+      UniqueFd cgroup(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+      if (!cgroup) continue;
+      for (const auto& a : kAttachments) {
+        (void)bpf_prog_detach2(bpf_program__fd(a.program(skeleton_)), cgroup.get(), a.type);
+      }
     }
   }
   if (skeleton_ != nullptr) dsec_egress__destroy(skeleton_);
-}
-
-Status EgressFilter::detachOthers(bool all_others) {
-  for (const auto& a : kAttachments) {
-    uint32_t ids[64] = {};
-    uint32_t count = 64;
-    uint32_t flags = 0;
-    if (bpf_prog_query(cgroup_fd_.get(), a.type, 0, &flags, ids, &count) != 0) {
-      return Error::sys(errno, "list the BPF programs on the sandboxes' cgroup");
-    }
-    for (uint32_t i = 0; i < count; ++i) {
-      if (std::find(program_ids_.begin(), program_ids_.end(), ids[i]) != program_ids_.end()) continue;
-      UniqueFd prog(bpf_prog_get_fd_by_id(ids[i]));
-      if (!prog) continue;
-      bpf_prog_info info{};
-      uint32_t map_ids[8] = {};
-      info.nr_map_ids = 8;
-      info.map_ids = reinterpret_cast<uint64_t>(map_ids);
-      uint32_t len = sizeof info;
-      if (bpf_obj_get_info_by_fd(prog.get(), &info, &len) != 0) continue;
-      if (std::strncmp(info.name, kProgramPrefix, std::strlen(kProgramPrefix)) != 0) continue;  // not ours
-      bool enforcing = false;
-      for (uint32_t m = 0; m < std::min<uint32_t>(info.nr_map_ids, 8) && !all_others; ++m) {
-        UniqueFd map(bpf_map_get_fd_by_id(map_ids[m]));
-        bpf_map_info map_info{};
-        uint32_t map_len = sizeof map_info;
-        if (!map || bpf_obj_get_info_by_fd(map.get(), &map_info, &map_len) != 0) continue;
-        uint64_t key = 0;
-        if (std::strcmp(map_info.name, "sandboxes") == 0 && bpf_map_get_next_key(map.get(), nullptr, &key) == 0) {
-          enforcing = true;
-        }
-      }
-      if (!enforcing) (void)bpf_prog_detach2(prog.get(), cgroup_fd_.get(), a.type);
-    }
-  }
-  return okStatus();
 }
 
 Status EgressFilter::refreshNever() {
@@ -235,7 +259,8 @@ void EgressFilter::eraseEntries(uint64_t netns_cookie, const SandboxPolicy& poli
   }
   const int resolved_fd = bpf_map__fd(skeleton_->maps.resolved);
   for (const auto& [where, expiry] : policy.resolved) {
-    dsec_egress_resolved_key key{};
+    dsec_egress_resolved_key key;
+    std::memset(&key, 0, sizeof key);
     key.netns_cookie = netns_cookie;
     key.generation = policy.generation;
     key.ip4 = htonl(where.first);
@@ -275,21 +300,48 @@ Status EgressFilter::setPolicy(uint64_t netns_cookie, const EgressPolicy& policy
   return okStatus();
 }
 
-Status EgressFilter::allowResolved(uint64_t netns_cookie, uint32_t ip4, uint16_t port, double ttl_seconds) {
-  std::lock_guard lock(mu_);
-  auto found = sandboxes_.find(netns_cookie);
-  if (found == sandboxes_.end()) return Error::notFound("no egress policy for this network namespace");
-  dsec_egress_resolved_key key{};
+Status EgressFilter::installResolved(uint64_t netns_cookie, SandboxPolicy& policy, uint32_t ip4, uint16_t port,
+                                     double ttl_seconds) {
+  dsec_egress_resolved_key key;
+  std::memset(&key, 0, sizeof key);  // padding too: the map compares every byte
   key.netns_cookie = netns_cookie;
-  key.generation = found->second.generation;
+  key.generation = policy.generation;
   key.ip4 = htonl(ip4);
   key.port = htons(port);
-  const double expiry = bootSeconds() + ttl_seconds;
+  double expiry = bootSeconds() + ttl_seconds;
+  auto known = policy.resolved.find({ip4, port});
+  if (known != policy.resolved.end()) expiry = std::max(expiry, known->second);  // a shorter answer never cuts
   dsec_egress_resolved value{static_cast<uint64_t>(expiry * 1e9)};
   if (bpf_map_update_elem(bpf_map__fd(skeleton_->maps.resolved), &key, &value, BPF_ANY) != 0) {
     return Error::sys(errno, "allow resolved address " + ip4Text(ip4));
   }
-  found->second.resolved[{ip4, port}] = expiry;
+  policy.resolved[{ip4, port}] = expiry;
+  return okStatus();
+}
+
+Status EgressFilter::allowResolved(uint64_t netns_cookie, uint32_t ip4, uint16_t port, double ttl_seconds) {
+  std::lock_guard lock(mu_);
+  auto found = sandboxes_.find(netns_cookie);
+  if (found == sandboxes_.end()) return Error::notFound("no egress policy for this network namespace");
+  return installResolved(netns_cookie, found->second, ip4, port, ttl_seconds);
+}
+
+std::optional<NameVerdict> EgressFilter::verdictFor(uint64_t netns_cookie, const std::string& name) {
+  std::lock_guard lock(mu_);
+  auto found = sandboxes_.find(netns_cookie);
+  if (found == sandboxes_.end()) return std::nullopt;
+  return found->second.policy.verdictFor(name);
+}
+
+Status EgressFilter::allowResolvedName(uint64_t netns_cookie, const std::string& name, uint32_t ip4,
+                                       double ttl_seconds) {
+  std::lock_guard lock(mu_);
+  auto found = sandboxes_.find(netns_cookie);
+  if (found == sandboxes_.end()) return Error::notFound("no egress policy for this network namespace");
+  for (const auto& rule : found->second.policy.rules) {
+    if (!rule.matchesName(name)) continue;
+    DSEC_TRY(installResolved(netns_cookie, found->second, ip4, rule.port, ttl_seconds));
+  }
   return okStatus();
 }
 

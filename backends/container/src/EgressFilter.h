@@ -1,13 +1,16 @@
-// The kernel side of sandboxes' egress policies: BPF programs on connect() and sendmsg() (bpf/egress.bpf.c),
-// attached once to the cgroup v2 directory above every sandbox of this backend, and the maps that hold each
-// sandbox's policy keyed by its network namespace's cookie. Refusals come back through a ring buffer and are handed
-// to a sink on the filter's own thread.
+// The kernel side of sandboxes' egress policies: BPF programs on connect() and sendmsg() (bpf/egress.bpf.c) and
+// the maps that hold each sandbox's policy keyed by its network namespace's cookie. Refusals come back through a
+// ring buffer and are handed to a sink on the filter's own thread.
+//
+// Where the programs are attached is the caller's choice (SandboxEgress.cc): on cgroup v2 each sandbox's own cgroup;
+// on a v1 host one cgroup2 directory per agent that holds its command spawner, and so every process it starts. No
+// directory ever carries two agents' programs for live sandboxes: the programs fail closed (a namespace without a
+// policy reaches only its loopback), and attached programs must all allow a connect.
 //
 // A policy change is one map write: allow entries carry a generation, and the sandbox's entry names the generation
 // in force, so a connect sees the old policy or the new one, never a mix. Programs are attached with
-// BPF_F_ALLOW_MULTI and stay attached when the agent exits (a sandbox outliving its agent keeps its last policy);
-// the next agent on the same directory attaches its own, restores the policies of the sandboxes it adopts, then
-// detaches the earlier ones (detachOthers).
+// BPF_F_ALLOW_MULTI and outlive the agent (a sandbox outliving its agent keeps its last policy); the next agent
+// attaches its own where the sandbox's processes are and detaches the earlier ones (detachOthersOn).
 #pragma once
 
 #include <atomic>
@@ -16,6 +19,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -39,17 +43,26 @@ class EgressFilter {
  public:
   using ViolationSink = std::function<void(uint64_t netns_cookie, Violation violation)>;
 
-  // Loads the programs and attaches them to attach_dir (a cgroup v2 directory, made if missing); refusals go to sink.
-  static Result<std::unique_ptr<EgressFilter>> start(const std::string& attach_dir, ViolationSink sink);
+  // Loads the programs (attached nowhere yet); refusals go to sink.
+  static Result<std::unique_ptr<EgressFilter>> start(ViolationSink sink);
   ~EgressFilter();
   EgressFilter(const EgressFilter&) = delete;
   EgressFilter& operator=(const EgressFilter&) = delete;
 
-  // The cgroup v2 directory above every sandbox of a backend whose cgroups live under parent: the v2 tree's own
-  // <parent>, or on a v1 host the cgroup2 hierarchy mounted beside it (root/unified/<parent>). kUnsupported when
-  // there is none.
-  static Result<std::string> attachDirFor(int cgroup_version, const std::string& parent,
-                                          const std::string& root = "/sys/fs/cgroup");
+  // The cgroup2 hierarchy's directory for parent: the v2 tree's own <parent>, or on a v1 host the cgroup2
+  // hierarchy mounted beside it (root/unified/<parent>). kUnsupported when there is none.
+  static Result<std::string> cgroup2DirFor(int cgroup_version, const std::string& parent,
+                                           const std::string& root = "/sys/fs/cgroup");
+  // Attaches the programs to a cgroup v2 directory (made if missing): every process below it is judged from now on.
+  Status attachTo(const std::string& dir);
+  // Forgets a directory attachTo() attached to that went with its sandbox.
+  void forgetDir(const std::string& dir);
+  // Detaches the dsec egress programs on dir other than this filter's (an earlier agent's); a directory gone is
+  // not an error.
+  Status detachOthersOn(const std::string& dir);
+  // Detaches every dsec egress program from dir and removes it, if no process is left in it (an earlier agent's
+  // directory on a v1 host). True when removed.
+  static bool removeIfEmpty(const std::string& dir);
 
   // Addresses no sandbox reaches whatever its policy (the node's own are always added): the fleet's gateways and
   // the like. Replaces the previous extra set.
@@ -59,18 +72,18 @@ class EgressFilter {
   Status setPolicy(uint64_t netns_cookie, const EgressPolicy& policy, uint32_t resolver_ip4);
   // Lets a sandbox reach an address its resolver answered for an allowed name, until the answer's TTL runs out.
   Status allowResolved(uint64_t netns_cookie, uint32_t ip4, uint16_t port, double ttl_seconds);
+  // What the sandbox's current policy says of a name it asks the resolver for; nullopt when it has no policy.
+  std::optional<NameVerdict> verdictFor(uint64_t netns_cookie, const std::string& name);
+  // allowResolved for each domain rule of the current policy that covers name (with the rule's port), as one step
+  // against a concurrent policy change: a name the new policy does not cover opens nothing.
+  Status allowResolvedName(uint64_t netns_cookie, const std::string& name, uint32_t ip4, double ttl_seconds);
   // Forgets a sandbox (destroyed). Its namespace's cookie is never reused.
   void remove(uint64_t netns_cookie);
   // Whether the sandbox's current policy lets it reach ip4:port (host order), as the programs decide.
   bool allows(uint64_t netns_cookie, uint32_t ip4, uint16_t port);
-  // Detaches the dsec egress programs on the directory other than this filter's (an earlier agent's): all of them
-  // once the sandboxes this agent adopted have their policies back (all_others), else only those with no sandbox
-  // left to enforce.
-  Status detachOthers(bool all_others);
 
  private:
   EgressFilter() = default;
-  Status attach(const std::string& dir);
   Status refreshNever();
   void pollEvents();
   void deliver(const void* data, size_t size);
@@ -83,9 +96,11 @@ class EgressFilter {
     std::map<std::pair<uint32_t, uint16_t>, double> resolved;  // (ip4, port) -> expiry (monotonic seconds)
   };
   void eraseEntries(uint64_t netns_cookie, const SandboxPolicy& policy);
+  Status installResolved(uint64_t netns_cookie, SandboxPolicy& policy, uint32_t ip4, uint16_t port,
+                         double ttl_seconds);  // under mu_
 
   dsec_egress* skeleton_ = nullptr;
-  UniqueFd cgroup_fd_;
+  std::vector<std::string> attached_;  // directories attachTo() attached to (under mu_)
   std::vector<uint32_t> program_ids_;
   ViolationSink sink_;
   ::ring_buffer* ring_ = nullptr;

@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <linux/if.h>
+#include <linux/if_addr.h>
 #include <linux/if_link.h>
 #include <linux/netlink.h>
 #include <linux/rtnetlink.h>
@@ -35,12 +36,16 @@ std::string ipString(uint32_t host_order) {
   return buf;
 }
 
-// The node's rules: sandboxes reach the world through the node and nothing of the node itself.
-std::string ruleset(const std::string& subnet) {
+// The node's rules: sandboxes reach the world through the node and nothing of the node itself but the
+// resolvers (resolvers: the subnet's first /28, UDP port 53).
+std::string ruleset(const std::string& subnet, const std::string& resolvers) {
   return std::string("table inet ") + kTable + "\n" + "delete table inet " + kTable + "\n" + "table inet " + kTable +
          " {\n"
          "  chain input {\n"
          "    type filter hook input priority filter - 10; policy accept;\n"
+         "    iifname \"dsv*\" ip daddr " +
+         resolvers +
+         " udp dport 53 accept\n"
          "    iifname \"dsv*\" drop\n"
          "  }\n"
          // The node's own packets to a sandbox (any local user's) leave through output, not forward: only
@@ -203,8 +208,8 @@ Status EgressNetwork::parseSubnet() {
   in_addr a{};
   int len = slash == std::string::npos ? -1 : atoi(subnet_.c_str() + slash + 1);
   if (slash == std::string::npos || inet_pton(AF_INET, subnet_.substr(0, slash).c_str(), &a) != 1 || len < 8 ||
-      len > 28) {
-    return Error::invalid("egress subnet must be an IPv4 A.B.C.D/8..28, not '" + subnet_ + "'");
+      len > 27) {
+    return Error::invalid("egress subnet must be an IPv4 A.B.C.D/8..27, not '" + subnet_ + "'");
   }
   const uint32_t mask = len == 0 ? 0 : ~uint32_t{0} << (32 - len);
   base_ = ntohl(a.s_addr) & mask;
@@ -218,7 +223,7 @@ std::string EgressNetwork::supportProblem() {
   nft_ctx_buffer_output(ctx);
   nft_ctx_buffer_error(ctx);
   nft_ctx_set_dry_run(ctx, true);
-  int rc = nft_run_cmd_from_buffer(ctx, ruleset("100.64.0.0/16").c_str());
+  int rc = nft_run_cmd_from_buffer(ctx, ruleset("100.64.0.0/16", "100.64.0.0/28").c_str());
   std::string err = nft_ctx_get_error_buffer(ctx) != nullptr ? nft_ctx_get_error_buffer(ctx) : "";
   nft_ctx_free(ctx);
   if (rc != 0) return "nftables with inet nat and fib (" + trim(err) + ")";
@@ -230,14 +235,15 @@ Status EgressNetwork::prepare() {
   std::lock_guard lock(mu_);
   if (prepared_) return okStatus();
   DSEC_TRY(parseSubnet());
-  DSEC_TRY(runNft(ruleset(subnet_)));
+  DSEC_TRY(runNft(ruleset(subnet_, ipString(base_) + "/28")));
   auto forwarding = readFile("/proc/sys/net/ipv4/ip_forward");
   if (!forwarding.ok() || trim(*forwarding) != "1") {
     DSEC_TRY(writeSysctl("/proc/sys/net/ipv4/ip_forward", "1"));
     DSEC_LOG(kInfo, "container") << "egress: turned on IPv4 forwarding for sandbox links (dsv*)";
   }
   std::random_device rd;
-  next_ = blocks_ > 1 ? rd() % (blocks_ - 1) + 1 : 0;  // agents on one node start apart; block 0 is the network's
+  // Agents on one node start apart; the first blocks are the resolvers'.
+  next_ = rd() % (blocks_ - kResolverBlocks) + kResolverBlocks;
   prepared_ = true;
   return okStatus();
 }
@@ -248,10 +254,11 @@ Result<EgressLink> EgressNetwork::attach(pid_t init_pid) {
   {
     std::lock_guard lock(mu_);
     first = next_;
-    next_ = next_ + 1 < blocks_ ? next_ + 1 : 1;
+    next_ = next_ + 1 < blocks_ ? next_ + 1 : kResolverBlocks;
   }
-  for (uint32_t tried = 0; tried + 1 < blocks_; ++tried) {
-    const uint32_t block = (first - 1 + tried) % (blocks_ - 1) + 1;
+  const uint32_t links = blocks_ - kResolverBlocks;
+  for (uint32_t tried = 0; tried < links; ++tried) {
+    const uint32_t block = (first - kResolverBlocks + tried) % links + kResolverBlocks;
     const std::string name = "dsv" + std::to_string(block);
     int err = createVeth(name, init_pid);
     if (err == EEXIST) continue;  // another sandbox has this block
@@ -264,6 +271,30 @@ Result<EgressLink> EgressNetwork::attach(pid_t init_pid) {
     return link;
   }
   return Error(ErrorCode::kResourceExhausted, "every egress address block of " + subnet_ + " is in use on this node");
+}
+
+Result<std::vector<uint32_t>> EgressNetwork::resolverAddresses() {
+  DSEC_TRY(prepare());
+  std::vector<uint32_t> out;
+  for (uint32_t i = 1; i + 1 < kResolverBlocks * 4; ++i) out.push_back(base_ + i);
+  return out;
+}
+
+Status EgressNetwork::addNodeAddress(uint32_t address) {
+  constexpr int lo = 1;  // loopback is interface 1 of every network namespace
+  NetlinkMessage m(RTM_NEWADDR, NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL);
+  ifaddrmsg info{};
+  info.ifa_family = AF_INET;
+  info.ifa_prefixlen = 32;
+  info.ifa_scope = RT_SCOPE_UNIVERSE;
+  info.ifa_index = lo;
+  m.append(&info, sizeof info);
+  const uint32_t net = htonl(address);
+  m.attr(IFA_LOCAL, &net, sizeof net);
+  m.attr(IFA_ADDRESS, &net, sizeof net);
+  const int err = netlinkTransact(m.finish());
+  if (err != 0 && err != EEXIST) return Error::sys(err, "add the resolver address " + ipString(address) + " to lo");
+  return okStatus();
 }
 
 }  // namespace dsec::backends

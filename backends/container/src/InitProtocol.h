@@ -21,7 +21,8 @@
 //   byte of the config carries (SCM_RIGHTS) the detached mounts of the layers, bottom first, and, when the
 //   config says upper_fd, last the host directory that holds the writable upper. Keys: fail_at STEP,
 //   hostname NAME, scratch DIR, lowers N, upper_fd 1, disk_bytes N, network none|egress|host,
-//   egress ADDRESS GATEWAY NETMASK (network egress: eth0, which the agent made, and the default route), read_only_root
+//   egress ADDRESS GATEWAY NETMASK (network egress: eth0, which the agent made, and the default route), nameserver
+//   ADDRESS (network egress: /etc/resolv.conf names only the node's resolver for sandboxes), read_only_root
 //   1 (no upper: a read-only overlay with tmpfs /tmp, /work and /dev/shm of disk_bytes each, and /dev/mqueue). It
 //   unshares its mount and cgroup namespaces, builds the root, and writes "ok\n" (or "err STEP ERRNO MESSAGE\n", then
 //   exits) on fd 4.

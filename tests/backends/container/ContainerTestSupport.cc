@@ -111,6 +111,7 @@ std::unique_ptr<backends::Backend> ContainerTest::newBackend() {
   options.cgroup_parent = kTestCgroupParent;
   options.init_pool_size = init_pool_size_;
   options.egress_never = egress_never_;
+  options.dns_upstream = dns_upstream_;
   auto b = backends::makeContainerBackend(options);
   EXPECT_TRUE(b.ok()) << b.error().toString();
   if (!b.ok()) return nullptr;

@@ -42,6 +42,7 @@ class ContainerTest : public ::testing::Test {
   // Inits started ahead of time by backends this fixture makes; a derived fixture may set it in its constructor.
   int init_pool_size_ = backends::ContainerBackendOptions{}.init_pool_size;
   std::vector<std::string> egress_never_;  // ContainerBackendOptions::egress_never
+  std::string dns_upstream_;               // ContainerBackendOptions::dns_upstream
 };
 
 // Leftovers of a sandbox id on the host: cgroup directories under every hierarchy.

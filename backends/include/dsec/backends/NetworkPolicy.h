@@ -24,6 +24,16 @@ struct EgressRule {
   uint16_t port = 0;                 // 0 = any port
 
   bool isDomain() const { return !domain.empty(); }
+  // Whether a domain rule covers `name` (lower case, no trailing dot): the name itself, or for "*.NAME" every
+  // name strictly below NAME.
+  bool matchesName(const std::string& name) const;
+};
+
+// What the node's resolver does with a name a sandbox asks for.
+enum class NameVerdict {
+  kDenied,   // answered REFUSED and recorded: no rule covers it
+  kAllowed,  // a domain rule covers it: resolved, and the answer's addresses opened for the sandbox
+  kAnyAddress,  // no domain rule, but an address rule covers every address (0.0.0.0/0): resolved, nothing opened
 };
 
 // The whole policy; no rules = no egress at all (the default). Addresses of the node itself (every address of
@@ -34,6 +44,7 @@ struct EgressPolicy {
 
   std::vector<std::string> texts() const;
   bool hasDomains() const;
+  NameVerdict verdictFor(const std::string& name) const;
 };
 
 // Parses one entry; kInvalidArgument naming the entry and what is wrong with it. IPv6 is refused (sandboxes have

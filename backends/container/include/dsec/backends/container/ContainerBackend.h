@@ -52,6 +52,9 @@ struct ContainerBackendOptions {
   // and the sandboxes' subnet (always): the fleet's gateways, the Slurm controller. Only a rule naming one address
   // exactly (a /32) opens one of them.
   std::vector<std::string> egress_never;
+  // Where the node's resolver for sandboxes (NodeResolver.h) sends the names their policies allow: "ADDR" or
+  // "ADDR:PORT" (IPv4); "" = the first IPv4 nameserver of the node's /etc/resolv.conf.
+  std::string dns_upstream;
 };
 
 // The cgroup weight of batch sandboxes (v2 cpu.weight scale; v1 shares 102): low, so they yield to everything.
