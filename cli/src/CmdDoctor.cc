@@ -70,6 +70,10 @@ int cmdDoctor(const Invocation& inv) {
     line("network egress", egress.empty(),
          egress.empty() ? "nftables and IPv4 forwarding: sandboxes may get a route out (never to the node)"
                         : "missing " + egress + " (network \"egress\" sandboxes and layer builds fail)");
+    const std::string filewatch = backends::fileWatchSupportProblem();
+    line("protected-path record", filewatch.empty(),
+         filewatch.empty() ? "refused writes to protected paths are recorded as violations (syscall tracepoints)"
+                           : filewatch + " (paths stay protected; refusals are not recorded)");
     container_ok =
         container_ok && init_problem.empty() && spawner_problem.empty() && userns_problem.empty() && other.empty();
   }

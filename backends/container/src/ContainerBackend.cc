@@ -449,6 +449,7 @@ class ContainerBackend : public Backend {
     EgressPolicy spec_egress = spec.egress;
     auto sandbox = std::make_unique<ContainerSandbox>(shared_, std::move(spec), std::move(init), std::move(*cgroup),
                                                       paused, oom_kills, std::move(protected_paths));
+    sandbox->rewatchProtectedPaths();
     if (network == NetworkMode::kEgress) {
       // Its policy as it was last set (the programs of the agent before kept enforcing it meanwhile).
       auto current = parseEgressPolicy(state.value("egress", spec_egress.texts()));

@@ -130,6 +130,10 @@ ContainerSandbox::~ContainerSandbox() {
     idle_.wait(lock, [&] { return users_ == 0; });
   }
   shared_->join_fds->forget(spec_.id);
+  {
+    std::lock_guard policy(policy_mu_);
+    forgetFileWatch();  // its record goes with this handle
+  }
   std::lock_guard lock(shared_->mu);
   shared_->live.erase(spec_.id);  // without a handle it counts as a leftover for listLeftovers()
 }
@@ -262,6 +266,10 @@ Status ContainerSandbox::destroy() {
   if (killed.ok() && emptied.ok()) {
     init_.lease.reset();
     forgetEgress();
+  }
+  {
+    std::lock_guard policy(policy_mu_);
+    forgetFileWatch();
   }
   {
     std::lock_guard lock(shared_->mu);

@@ -22,6 +22,7 @@
 
 #include "EgressFilter.h"
 #include "EgressNetwork.h"
+#include "FileWatch.h"
 #include "JoinFdCache.h"
 #include "NodeResolver.h"
 #include "PathProtection.h"
@@ -64,7 +65,12 @@ struct ContainerShared {
   std::mutex logs_mu;
   std::map<uint64_t, std::weak_ptr<ViolationLog>> logs_by_netns;
   std::map<uint32_t, uint64_t> netns_by_address;  // a sandbox's eth0 address -> its cookie (the resolver's clients)
-  ~ContainerShared();  // stops the resolver's and the filter's threads before the logs they write to go
+  // Refused writes to protected paths (SandboxFileWatch.cc): the watch, started with the first sandbox that has
+  // protected paths, or why it could not be (then not tried again).
+  std::mutex filewatch_mu;
+  std::unique_ptr<FileWatch> filewatch;
+  std::string filewatch_problem;
+  ~ContainerShared();  // stops the resolver's, the filter's and the watch's threads before the logs they write to go
 };
 
 // The started egress filter and resolver (SandboxEgress.cc); kUnsupported naming what the host lacks.
@@ -73,6 +79,8 @@ Result<EgressFilter*> startedEgressFilter(ContainerShared& shared);
 uint32_t resolverAddress(ContainerShared& shared);
 // On a v1 host, removes the egress directories of earlier agents that no process is left in.
 void removeStaleEgressDirs(ContainerShared& shared);
+// The started file watch (SandboxFileWatch.cc); kUnsupported, said once in the log, when the host cannot run it.
+Result<FileWatch*> startedFileWatch(ContainerShared& shared);
 
 struct InitProcess {
   pid_t pid = -1;
@@ -105,10 +113,12 @@ class ContainerSandbox : public Sandbox {
   // queries come from there), resolver_ip4 the resolver its /etc/resolv.conf names; host order.
   // adopted: its processes may be under an earlier agent's programs (moved under ours on a v1 host).
   Status enforceEgress(const EgressPolicy& policy, uint32_t address_ip4, uint32_t resolver_ip4,
-                       bool adopted = false);  // SandboxEgress.cc
-  Status setEgress(const EgressPolicy& policy) override;                                          // SandboxEgress.cc
-  Status setProtectedPaths(const std::vector<std::string>& paths) override;                       // ProtectedPaths.cc
-  Result<std::vector<Violation>> violations() override;                                           // SandboxPolicyOps.cc
+                       bool adopted = false);                                // SandboxEgress.cc
+  Status setEgress(const EgressPolicy& policy) override;                     // SandboxEgress.cc
+  Status setProtectedPaths(const std::vector<std::string>& paths) override;  // ProtectedPaths.cc
+  // Puts an adopted sandbox's protected paths back under the file watch (SandboxFileWatch.cc).
+  void rewatchProtectedPaths();
+  Result<std::vector<Violation>> violations() override;  // SandboxPolicyOps.cc
 
   Result<UniqueFd> openForRead(const std::string& path) override;
   Result<UniqueFd> openForWrite(const std::string& path, uint32_t mode) override;
@@ -188,6 +198,11 @@ class ContainerSandbox : public Sandbox {
   void forgetEgress();
   // Protected paths in force (the list changes at runtime; spec_ keeps the one it was created with).
   std::unique_ptr<PathProtection> protection_;
+  // Under the file watch while it has protected paths (SandboxFileWatch.cc): its mount namespace's inode (0 = not
+  // known yet). Under policy_mu_.
+  uint32_t mntns_ = 0;
+  void watchProtectedPaths();
+  void forgetFileWatch();
 };
 
 // The files a freshly cloned (single-threaded) child writes "0" into to join the sandbox cgroup. On cgroup v1

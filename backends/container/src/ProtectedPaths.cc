@@ -19,6 +19,7 @@ Status ContainerSandbox::setProtectedPaths(const std::vector<std::string>& paths
   Status thawed = freeze ? cgroup_->thaw() : okStatus();
   if (!changed.ok()) return changed.error().wrap("protect paths of " + spec_.id);
   if (!thawed.ok()) return thawed.error().wrap("resume " + spec_.id + " after protecting paths");
+  watchProtectedPaths();
   DSEC_LOG(kDebug, "container") << spec_.id << ": " << normal.size() << " protected paths";
   return okStatus();
 }

@@ -17,6 +17,7 @@ namespace dsec::backends {
 ContainerShared::~ContainerShared() {
   resolver.reset();       // its thread uses the filter and logs_by_netns
   egress_filter.reset();  // its event thread delivers into logs_by_netns
+  filewatch.reset();
 }
 
 namespace {

@@ -65,6 +65,9 @@ Result<std::unique_ptr<Backend>> makeContainerBackend(const ContainerBackendOpti
 // What the host lacks for network "egress" (nftables with inet nat, IPv4 forwarding); "" when usable. Changes
 // nothing on the host.
 std::string egressSupportProblem();
+// Why refused writes to protected paths cannot be recorded here (the file watch's BPF programs do not load or
+// attach); "" when they can. Loads and unloads the programs.
+std::string fileWatchSupportProblem();
 
 // Every fault point (common/Fault.h) on the create path, in order: agent steps ("container.clone", ...)
 // and init steps ("container.init.mount_overlay", ...). Tests arm each in turn and check nothing is left.
