@@ -1,23 +1,28 @@
 // dsec-bench-create-loop: the container backend's create -> exec /bin/true -> destroy, timed per iteration in
 // one process (as the node agent does it), over a plain rootfs directory as the only lower layer. Prints one
 // line per iteration (milliseconds), then a JSON summary line. Used by bench/create-vs-peers.
+#include <arpa/inet.h>
+#include <bpf/bpf.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <sched.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <boost/program_options.hpp>
 #include <cmath>
 #include <cstdio>
 #include <exception>
+#include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
-#include <arpa/inet.h>
-#include <bpf/bpf.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include "dsec/backends/container/ContainerBackend.h"
+#include "dsec/common/Fd.h"
 #include "dsec/common/Logging.h"
 #include "dsec/common/Strings.h"
 
@@ -26,10 +31,12 @@ using namespace dsec;
 
 namespace {
 
-// What the egress programs cost per call: the kernel's own accounting (kernel.bpf_stats_enabled) of the dsec_
-// programs, read before and after the sandbox makes `connects` connects to its own address (refused at once, so
-// the connect itself is cheap and local). Also the wall time of a plain connect() refused on loopback here, for
-// scale.
+// What an egress policy costs a connect, as an A/B in one run: two processes join the same sandbox's network
+// namespace and time connect() to the sandbox's own address (allowed by its policy; nothing listens, so the kernel
+// refuses it at once and the connect is all local work). One of them is in the cgroup2 directory the agent's
+// programs are attached to (on a v1 host: unified/<parent>/agent-<our pid>-*), so its connects take the policy's
+// whole allow path; the other is not, so its connects see no program at all. Also the programs' own cost per call
+// by the kernel's accounting (kernel.bpf_stats_enabled).
 struct ProgramStats {
   uint64_t runs = 0;
   uint64_t ns = 0;
@@ -52,48 +59,96 @@ ProgramStats egressProgramStats() {
   return total;
 }
 
-double loopbackConnectMicros(int n) {
-  std::vector<double> samples;
-  sockaddr_in to{};
-  to.sin_family = AF_INET;
-  to.sin_port = htons(9);
-  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  for (int i = 0; i < n; ++i) {
-    int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    double start = monotonicSeconds();
-    (void)connect(s, reinterpret_cast<sockaddr*>(&to), sizeof to);
-    samples.push_back((monotonicSeconds() - start) * 1e6);
-    close(s);
+// The p50 of n connect()s to ip4:9 in the network namespace netns_fd, from a child process that first joins the
+// cgroup2 directory cgroup_dir ("" = stays where it is); microseconds.
+Result<double> connectP50InChild(int netns_fd, const std::string& cgroup_dir, uint32_t ip4, int n) {
+  int pipe_fds[2];
+  if (pipe(pipe_fds) != 0) return Error::sys(errno, "pipe");
+  pid_t child = fork();
+  if (child < 0) return Error::sys(errno, "fork");
+  if (child == 0) {
+    close(pipe_fds[0]);
+    double p50 = -1;
+    if ((cgroup_dir.empty() || writeFile(cgroup_dir + "/cgroup.procs", std::to_string(getpid())).ok()) &&
+        setns(netns_fd, CLONE_NEWNET) == 0) {
+      std::vector<double> samples;
+      sockaddr_in to{};
+      to.sin_family = AF_INET;
+      to.sin_port = htons(9);
+      to.sin_addr.s_addr = htonl(ip4);
+      for (int i = 0; i < n; ++i) {
+        int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        double start = monotonicSeconds();
+        (void)connect(s, reinterpret_cast<sockaddr*>(&to), sizeof to);
+        samples.push_back((monotonicSeconds() - start) * 1e6);
+        close(s);
+      }
+      std::sort(samples.begin(), samples.end());
+      p50 = samples[samples.size() / 2];
+    }
+    (void)!write(pipe_fds[1], &p50, sizeof p50);
+    _exit(0);
   }
-  std::sort(samples.begin(), samples.end());
-  return samples[samples.size() / 2];
+  close(pipe_fds[1]);
+  double p50 = -1;
+  ssize_t got = read(pipe_fds[0], &p50, sizeof p50);
+  close(pipe_fds[0]);
+  int status = 0;
+  waitpid(child, &status, 0);
+  if (got != sizeof p50 || p50 < 0) return Error::internal("the connect probe's child could not join the sandbox");
+  return p50;
 }
 
 Result<nlohmann::json> probeConnects(backends::Backend& backend, const backends::SandboxSpec& base, int connects) {
   backends::SandboxSpec spec = base;
   spec.id = "bench-" + randomHex(12);
+  // Its own address is allowed (the links' subnet): every connect takes the policy's whole allow path.
+  DSEC_ASSIGN_OR_RETURN(backends::EgressRule own, backends::parseEgressRule("100.64.0.0/10"));
+  spec.egress.rules.push_back(own);
   DSEC_ASSIGN_OR_RETURN(auto sandbox, backend.create(spec));
+  const pid_t init = sandbox->persistentState().at("init_pid").get<pid_t>();
+  backends::ExecRequest request;
+  request.argv = {"/bin/sh", "-c", "ip -4 addr show eth0 | sed -n 's/.*inet \\([0-9.]*\\).*/\\1/p'"};
+  auto address = sandbox->exec(request);
+  std::string agent_dir;
+  for (const auto& entry : std::filesystem::directory_iterator("/sys/fs/cgroup/unified/dsec")) {
+    if (entry.path().filename().string().rfind("agent-" + std::to_string(getpid()) + "-", 0) == 0) {
+      agent_dir = entry.path().string();
+    }
+  }
+  UniqueFd netns(::open(("/proc/" + std::to_string(init) + "/ns/net").c_str(), O_RDONLY | O_CLOEXEC));
+  in_addr ip{};
+  if (!address.ok() || inet_pton(AF_INET, trim(address->stdout_data).c_str(), &ip) != 1 || !netns ||
+      agent_dir.empty()) {
+    (void)sandbox->destroy();
+    return Error::internal("connect probe: no address, namespace or agent directory (a v1 host is needed)");
+  }
   const char* stats_file = "/proc/sys/kernel/bpf_stats_enabled";
   auto was = readFile(stats_file);
   (void)writeFile(stats_file, "1");
+  std::vector<double> with, without;
   ProgramStats before = egressProgramStats();
-  backends::ExecRequest request;
-  request.argv = {"/bin/sh", "-c",
-                  "a=$(ip -4 addr show eth0 | sed -n 's/.*inet \\([0-9.]*\\).*/\\1/p'); i=0; "
-                  "while [ $i -lt " + std::to_string(connects) + " ]; do nc -w 1 $a 9 </dev/null 2>/dev/null; "
-                  "i=$((i+1)); done"};
-  request.timeout_seconds = 600;
-  auto ran = sandbox->exec(request);
+  for (int round = 0; round < 5; ++round) {  // interleaved, so machine noise hits both alike
+    auto a = connectP50InChild(netns.get(), agent_dir, ntohl(ip.s_addr), connects);
+    auto b = connectP50InChild(netns.get(), "", ntohl(ip.s_addr), connects);
+    if (!a.ok() || !b.ok()) break;
+    with.push_back(*a);
+    without.push_back(*b);
+  }
   ProgramStats after = egressProgramStats();
   if (was.ok()) (void)writeFile(stats_file, trim(*was));
   (void)sandbox->destroy();
-  if (!ran.ok()) return ran.error().wrap("connect probe");
+  if (with.size() != 5) return Error::internal("connect probe failed");
+  std::sort(with.begin(), with.end());
+  std::sort(without.begin(), without.end());
   const uint64_t runs = after.runs - before.runs;
-  if (runs == 0) return Error::internal("the egress programs did not run (bpf stats off, or no programs attached)");
-  return nlohmann::json{{"connects", connects},
-                        {"program_runs", runs},
-                        {"policy_check_ns", static_cast<double>(after.ns - before.ns) / static_cast<double>(runs)},
-                        {"loopback_connect_us", loopbackConnectMicros(2000)}};
+  return nlohmann::json{
+      {"connects", connects * 5},
+      {"connect_with_policy_us", with[2]},
+      {"connect_without_programs_us", without[2]},
+      {"with_over_without", with[2] / without[2]},
+      {"program_runs", runs},
+      {"policy_check_ns", runs == 0 ? 0.0 : static_cast<double>(after.ns - before.ns) / static_cast<double>(runs)}};
 }
 
 double percentile(std::vector<double> samples, double p) {
@@ -145,8 +200,8 @@ int run(int argc, char** argv) {
       "network", po::value<std::string>(&network)->default_value("none"),
       "none (loopback only), egress (veth and NAT, anywhere but the node) or policy (veth, NAT and an egress policy "
       "of 16 rules)")("init", po::value<std::string>(&init),
-                                                       "path of dsec-sandbox-init (default: next to this binary)")(
-      "quiet", po::bool_switch(&quiet), "only the JSON summary")(
+                      "path of dsec-sandbox-init (default: next to this binary)")("quiet", po::bool_switch(&quiet),
+                                                                                  "only the JSON summary")(
       "connect-probe", po::value<int>(&connect_probe)->default_value(0),
       "with --network policy: N connects in one sandbox, reporting the egress programs' cost per check");
   try {

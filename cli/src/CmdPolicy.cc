@@ -56,8 +56,8 @@ int cmdViolations(const Invocation& inv) {
   po::options_description desc("options");
   addCommonOptions(desc, &common, true);
   bool as_json = false;
-  desc.add_options()("id", po::value<std::string>()->required(), "sandbox id")(
-      "json", po::bool_switch(&as_json), "print the JSON document");
+  desc.add_options()("id", po::value<std::string>()->required(), "sandbox id")("json", po::bool_switch(&as_json),
+                                                                               "print the JSON document");
   po::positional_options_description positional;
   positional.add("id", 1);
   po::variables_map vm;

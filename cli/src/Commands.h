@@ -18,7 +18,7 @@ int cmdProtect(const Invocation& inv);
 int cmdViolations(const Invocation& inv);
 int cmdLayer(const Invocation& inv);  // build | ls | rm
 int cmdDoctor(const Invocation& inv);
-int cmdNode(const Invocation& inv);  // cleanup --job ID
+int cmdNode(const Invocation& inv);   // cleanup --job ID
 int cmdBench(const Invocation& inv);  // create | density
 
 }  // namespace dsec::cli

@@ -97,8 +97,8 @@ TEST_F(EgressPolicyTest, RawSocketsCannotGoAroundThePolicy) {
   auto& sb = createNet(backends::NetworkMode::kEgress, {});
   auto r = sh(sb, "ping -c 1 -W 2 " + world_ + " 2>&1; echo rc=$?");
   EXPECT_EQ(r.stdout_data.find("rc=0"), std::string::npos) << r.stdout_data;
-  EXPECT_EQ(r.stdout_data.find("1 packets received"), std::string::npos) << "a raw socket reached the world: "
-                                                                           << r.stdout_data;
+  EXPECT_EQ(r.stdout_data.find("1 packets received"), std::string::npos)
+      << "a raw socket reached the world: " << r.stdout_data;
   auto caps = sh(sb, "grep CapEff /proc/self/status");
   const std::string hex = trim(caps.stdout_data.substr(caps.stdout_data.find(':') + 1));
   ASSERT_FALSE(hex.empty()) << caps.stdout_data;

@@ -11,12 +11,12 @@ struct dsec_egress_config {
 
 /* A sandbox whose network namespace has a policy, keyed by the namespace's cookie (SO_NETNS_COOKIE). */
 struct dsec_egress_sandbox {
-  __u32 generation;    /* the policy in force: allow entries carry it, so a new policy replaces the old at once */
-  __u32 resolver_ip4;  /* the node's resolver as the sandbox reaches it (network order); 0 = none */
+  __u32 generation;   /* the policy in force: allow entries carry it, so a new policy replaces the old at once */
+  __u32 resolver_ip4; /* the node's resolver as the sandbox reaches it (network order); 0 = none */
 };
 
-/* An allowed address block: LPM trie key; the value is the rule's prefix length (u8). The prefix always covers cookie, generation and port (112 bits), then
- * prefix_len bits of the address. Port 0 = any port. */
+/* An allowed address block: LPM trie key; the value is the rule's prefix length (u8). The prefix always covers cookie,
+ * generation and port (112 bits), then prefix_len bits of the address. Port 0 = any port. */
 struct dsec_egress_allow_key {
   __u32 prefixlen;
   __u64 netns_cookie;

@@ -21,8 +21,9 @@ uint64_t defaultSandboxCaps() {
   // Docker's default set without CAP_MKNOD (there is no device cgroup here to stop a device node of the host disk
   // from being created and opened) and without CAP_NET_RAW (raw and packet sockets name no destination the egress
   // policy's connect and send hooks could judge: a sandbox could send IP packets anywhere its link routes).
-  constexpr int kCaps[] = {CAP_CHOWN,  CAP_DAC_OVERRIDE,     CAP_FSETID,     CAP_FOWNER, CAP_SETGID,     CAP_SETUID,
-                           CAP_SETFCAP, CAP_SETPCAP, CAP_NET_BIND_SERVICE, CAP_SYS_CHROOT, CAP_KILL,   CAP_AUDIT_WRITE};
+  constexpr int kCaps[] = {CAP_CHOWN,  CAP_DAC_OVERRIDE, CAP_FSETID,  CAP_FOWNER,           CAP_SETGID,
+                           CAP_SETUID, CAP_SETFCAP,      CAP_SETPCAP, CAP_NET_BIND_SERVICE, CAP_SYS_CHROOT,
+                           CAP_KILL,   CAP_AUDIT_WRITE};
   uint64_t bits = 0;
   for (int c : kCaps) bits |= 1ULL << c;
   return bits;

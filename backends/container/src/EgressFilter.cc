@@ -83,7 +83,7 @@ dsec_egress_allow_key allowKey(uint64_t cookie, uint32_t generation, const Egres
 }  // namespace
 
 Result<std::string> EgressFilter::cgroup2DirFor(int cgroup_version, const std::string& parent,
-                                               const std::string& root) {
+                                                const std::string& root) {
   const std::string base = cgroup_version == 2 ? root : root + "/unified";
   struct statfs fs {};
   if (statfs(base.c_str(), &fs) != 0 || fs.f_type != CGROUP2_SUPER_MAGIC) {

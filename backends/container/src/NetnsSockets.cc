@@ -128,7 +128,9 @@ Result<uint64_t> ownNetnsCookie() {
   return cookie;
 }
 
-Result<uint64_t> netnsCookieOf(int pidfd) { return inNetns<uint64_t>(pidfd, [] { return ownNetnsCookie(); }); }
+Result<uint64_t> netnsCookieOf(int pidfd) {
+  return inNetns<uint64_t>(pidfd, [] { return ownNetnsCookie(); });
+}
 
 Result<int> cutSockets(int pidfd, const std::function<bool(uint32_t ip4, uint16_t port)>& keep) {
   return inNetns<int>(pidfd, [&]() -> Result<int> {

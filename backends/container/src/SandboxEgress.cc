@@ -1,15 +1,14 @@
 // A sandbox's egress policy: put in force at create (and again on adoption), replaced while it runs, forgotten when
 // it is destroyed. The kernel side is EgressFilter.
 #include <arpa/inet.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
 
-#include <unistd.h>
-
 #include "ContainerSandbox.h"
-#include "dsec/common/Logging.h"
 #include "dsec/common/Directory.h"
+#include "dsec/common/Logging.h"
 #include "dsec/common/Strings.h"
 
 namespace dsec::backends {

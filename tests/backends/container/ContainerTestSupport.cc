@@ -18,11 +18,12 @@ namespace dsec::testing {
 namespace {
 
 constexpr const char* kApplets[] = {
-    "sh",     "ls",   "cat",   "echo",     "sleep", "yes",     "dd",     "ps",      "hostname", "mount",  "umount",
-    "id",     "env",  "true",  "false",    "head",  "tail",    "wc",     "df",      "touch",    "mkdir",  "rm",
-    "grep",   "sed",  "awk",   "kill",     "nc",    "unshare", "ip",     "seq",     "cut",      "tr",     "sort",
-    "test",   "[",    "uname", "readlink", "ln",    "chmod",   "stat",   "find",    "xargs",    "printf", "pwd",
-    "md5sum", "date", "pidof", "nsenter",  "mknod", "mkfifo",  "usleep", "timeout", "setsid",   "wget",   "whoami", "nslookup", "ping"};
+    "sh",     "ls",      "cat",    "echo", "sleep",  "yes",      "dd",       "ps",      "hostname", "mount",
+    "umount", "id",      "env",    "true", "false",  "head",     "tail",     "wc",      "df",       "touch",
+    "mkdir",  "rm",      "grep",   "sed",  "awk",    "kill",     "nc",       "unshare", "ip",       "seq",
+    "cut",    "tr",      "sort",   "test", "[",      "uname",    "readlink", "ln",      "chmod",    "stat",
+    "find",   "xargs",   "printf", "pwd",  "md5sum", "date",     "pidof",    "nsenter", "mknod",    "mkfifo",
+    "usleep", "timeout", "setsid", "wget", "whoami", "nslookup", "ping"};
 
 struct LayerHolder {
   TestLayer layer;

@@ -31,8 +31,8 @@ struct EgressRule {
 
 // What the node's resolver does with a name a sandbox asks for.
 enum class NameVerdict {
-  kDenied,   // answered REFUSED and recorded: no rule covers it
-  kAllowed,  // a domain rule covers it: resolved, and the answer's addresses opened for the sandbox
+  kDenied,      // answered REFUSED and recorded: no rule covers it
+  kAllowed,     // a domain rule covers it: resolved, and the answer's addresses opened for the sandbox
   kAnyAddress,  // no domain rule, but an address rule covers every address (0.0.0.0/0): resolved, nothing opened
 };
 

@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "dsec/common/Fd.h"
 #include "dsec/backends/NetworkPolicy.h"
+#include "dsec/common/Fd.h"
 #include "dsec/common/Result.h"
 
 namespace dsec::backends {

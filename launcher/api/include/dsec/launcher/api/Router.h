@@ -25,9 +25,9 @@ enum class Op {
   kDestroySandbox,
   kPause,
   kResume,
-  kSetNetwork,   // PUT /v1/sandboxes/{id}/network
-  kSetProtect,   // PUT /v1/sandboxes/{id}/protect
-  kViolations,   // GET /v1/sandboxes/{id}/violations
+  kSetNetwork,  // PUT /v1/sandboxes/{id}/network
+  kSetProtect,  // PUT /v1/sandboxes/{id}/protect
+  kViolations,  // GET /v1/sandboxes/{id}/violations
   kExec,
   kExecStream,
   kReadFile,
