@@ -40,6 +40,8 @@ inline std::vector<FlagCase> everyNodeFlag(bool with_serve_only) {
       {{"--cpu-qos", "off"}, [](const ServeOptions& o) { return !o.node.cpu_qos; }},
       {{"--cpu-exclusive-pool", "off"}, [](const ServeOptions& o) { return !o.node.cpu_exclusive_pool; }},
       {{"--user-namespaces", "off"}, [](const ServeOptions& o) { return !o.node.user_namespaces; }},
+      {{"--egress-never", "10.9.0.0/16"},
+       [](const ServeOptions& o) { return o.node.egress_never == std::vector<std::string>{"10.9.0.0/16"}; }},
       {{"--max-connections", "10"}, [](const ServeOptions& o) { return o.http.max_connections == 10; }},
       {{"--max-client-connections", "3"}, [](const ServeOptions& o) { return o.http.max_client_connections == 3; }},
       {{"--client-queue-wait", "1.5"}, [](const ServeOptions& o) { return o.http.client_queue_seconds == 1.5; }},

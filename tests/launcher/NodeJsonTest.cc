@@ -23,7 +23,7 @@ std::set<std::string> keysOf(const json& j) {
 const std::set<std::string> kSandboxKeys = {
     "image",  "backend", "cpus", "memory", "disk", "pids",  "timeout", "idle_timeout", "network",          "env",
     "labels", "session", "qos",  "id",     "node", "state", "created", "created_unix", "last_active_unix", "paused_by",
-    "usage"};
+    "usage",  "egress",  "protect"};
 
 SandboxInfo pausedSandbox() {
   SandboxInfo info;
@@ -47,6 +47,8 @@ TEST(NodeJson, ASandboxHasExactlyTheFieldsOfTheApi) {
   EXPECT_EQ(j["state"], "paused");
   EXPECT_EQ(j["paused_by"], "density");
   EXPECT_EQ(j["session"], "s1");
+  EXPECT_TRUE(j["egress"].is_null()) << "a sandbox without a link has no egress policy";
+  EXPECT_EQ(j["protect"], json::array());
   EXPECT_EQ(j["created"], "2025-12-01T00:00:00Z");
   EXPECT_EQ(j["memory"], 512LL << 20);
   EXPECT_TRUE(j["cpus"].is_number_float());
