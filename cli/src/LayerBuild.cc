@@ -137,6 +137,8 @@ Result<RunBuildOutcome> buildLayerByRunning(fs3::LayerStore& store, const fs3::L
   spec.image = image;
   spec.lower_dirs = mounted->dirs();
   spec.network = backends::NetworkMode::kEgress;  // packages come from the network, never through the host's
+  // Anywhere but the node and link-local addresses (the operator's own build, not an agent's turn).
+  spec.egress = backends::parseEgressPolicy({"0.0.0.0/0"}).value();
   spec.upper_dir = build.path();
   spec.env = {{"PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
               {"HOME", "/root"},

@@ -78,6 +78,14 @@ std::vector<Session> NodeAgent::listSessions() { return sessions_->list(); }
 
 Result<AttachedSession> NodeAgent::attachSession(const std::string& name, std::optional<double> lease) {
   AttachedSession out;
+  // The trainer is back: its sandboxes' idle time starts again now (the time the lease was lapsed is not idleness
+  // the trainer chose), else an idle timeout passed during the lapse would destroy them the moment they are handed
+  // back. Before the renewal: until then the reaper spares them as a lapsed session's.
+  if (auto before = sessions_->get(name); before.ok()) {
+    for (const auto& id : before->sandboxes) {
+      if (auto rec = find(id)) rec->touch();
+    }
+  }
   DSEC_ASSIGN_OR_RETURN(out.session, sessions_->renew(name, lease, wallSeconds()));
   // Sandboxes stay paused: the first exec or file request to each resumes it.
   for (const auto& id : out.session.sandboxes) {
