@@ -3,6 +3,7 @@
 #include <pwd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <limits>
 
@@ -129,6 +130,26 @@ struct ApiClient::Impl {
 
 ApiClient::ApiClient(FleetAddress address) : impl_(std::make_unique<Impl>(std::move(address))) {}
 ApiClient::~ApiClient() = default;
+
+void ApiClient::setTimeouts(double connect_seconds, double request_seconds) {
+  impl_->options.connect_timeout_ms = std::max(1, static_cast<int>(connect_seconds * 1000));
+  impl_->options.io_timeout_ms = request_seconds > 0 ? std::max(1, static_cast<int>(request_seconds * 1000)) : -1;
+}
+
+const FleetAddress& ApiClient::address() const { return impl_->address; }
+
+Result<json> ApiClient::postBytes(const std::string& target, const std::string& data) {
+  DSEC_TRY(impl_->parsed_endpoint);
+  launcher::client::CallOptions options = impl_->options;
+  options.headers.emplace_back("Content-Type", "application/octet-stream");
+  auto reply = launcher::client::call(impl_->address.endpoint, http::verb::post, target, impl_->address.token, data,
+                                      options);
+  if (!reply.ok()) return impl_->unreachable(reply.error());
+  if (reply->status < 200 || reply->status >= 300) return errorFromResponse(reply->status, reply->body);
+  json parsed = json::parse(reply->body, nullptr, false);
+  if (parsed.is_discarded()) return Error::internal("the server sent invalid JSON for " + target);
+  return parsed;
+}
 
 Result<json> ApiClient::call(HttpMethod method, const std::string& target, const json& body) {
   static const http::verb kVerbs[] = {http::verb::get, http::verb::post, http::verb::put, http::verb::delete_};

@@ -32,6 +32,11 @@ class ApiClient {
   ApiClient(const ApiClient&) = delete;
   ApiClient& operator=(const ApiClient&) = delete;
 
+  // Seconds to connect, and a request may wait without an answer byte (0: no limit).
+  void setTimeouts(double connect_seconds, double request_seconds);
+  const FleetAddress& address() const;
+  // POSTs raw bytes (application/octet-stream) and returns the parsed JSON answer, as call().
+  Result<nlohmann::json> postBytes(const std::string& target, const std::string& data);
   // Sends a request (body serialized when not null) and returns the parsed JSON response. A non-2xx response
   // becomes an Error with the server's code and message ("404 not_found: no sandbox n0-12").
   Result<nlohmann::json> call(HttpMethod method, const std::string& target,

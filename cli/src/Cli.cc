@@ -20,7 +20,11 @@ void addCommonOptions(po::options_description& desc, CommonOptions* common, bool
       "log-level", po::value<std::string>(&common->log_level)->default_value("warn"), "debug|info|warn|error");
   if (with_fleet) {
     desc.add_options()("fleet", po::value<std::string>(&common->fleet)->default_value("default"),
-                       "fleet name: ~/.dsec/fleets/NAME.json (DSEC_ENDPOINT/DSEC_TOKEN win unless given)");
+                       "fleet name: ~/.dsec/fleets/NAME.json (DSEC_ENDPOINT/DSEC_TOKEN win unless given)")(
+        "connect-timeout", po::value<double>(&common->connect_timeout)->default_value(10),
+        "seconds to wait for a connection to the fleet")(
+        "request-timeout", po::value<double>(&common->request_timeout)->default_value(300),
+        "seconds a request may wait for its answer without a byte (0 = no limit; exec: its --timeout + 30)");
   }
 }
 

@@ -38,6 +38,10 @@ struct CommonOptions {
   std::string fleet;  // --fleet (client commands only), default "default"
   bool fleet_given = false;
   std::string log_level;  // --log-level
+  // Client commands: --connect-timeout and --request-timeout (seconds; a request that gets no answer byte for
+  // that long fails; 0: none). A streamed exec waits as long as its own --timeout plus a grace instead.
+  double connect_timeout = 10;
+  double request_timeout = 300;
 };
 
 std::string defaultRoot();

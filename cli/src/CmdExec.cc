@@ -1,5 +1,7 @@
-// dsec exec ID [--timeout --cwd --env K=V] -- CMD...: runs a command in a sandbox, streaming its output, and
-// exits with its exit code.
+// dsec exec ID [--timeout --cwd --env K=V -i --no-stdin] -- CMD...: runs a command in a sandbox, streaming its
+// output and forwarding our stdin to it, and exits with its exit code.
+#include <unistd.h>
+
 #include "ClientCommon.h"
 #include "Commands.h"
 #include "StreamExec.h"
@@ -14,6 +16,8 @@ int cmdExec(const Invocation& inv) {
   desc.add_options()("id", po::value<std::string>()->required(), "sandbox id")(
       "timeout", po::value<double>()->default_value(0), "kill the command after this many seconds (0 = never)")(
       "cwd", po::value<std::string>(), "working directory inside the sandbox")(
+      "interactive,i", "forward stdin even when it is a terminal (it is forwarded when it is not one)")(
+      "no-stdin", "do not forward stdin (the command reads EOF)")(
       "env", po::value<std::vector<std::string>>()->composing(), "K=V (repeatable)")(
       "cmd", po::value<std::vector<std::string>>(), "command (prefer after --)");
   po::positional_options_description positional;
@@ -34,7 +38,10 @@ int cmdExec(const Invocation& inv) {
 
   auto client = connectFleet(common);
   if (!client.ok()) return reportError(inv, client.error());
-  auto result = streamExec(**client, vm["id"].as<std::string>(), body);
+  // The exec's answer takes as long as the command: the client waits for its own timeout plus a grace.
+  (*client)->setTimeouts(common.connect_timeout, timeout > 0 ? timeout + 30 : 0);
+  const bool forward_stdin = vm.count("no-stdin") == 0 && (vm.count("interactive") != 0 || isatty(STDIN_FILENO) == 0);
+  auto result = streamExec(**client, vm["id"].as<std::string>(), body, forward_stdin);
   if (!result.ok()) return reportError(inv, result.error());
   return exitCodeOf(*result, inv.name);
 }

@@ -10,8 +10,11 @@
 
 namespace dsec::cli {
 
-// body is the exec request of docs/api.md. Returns the final result object ("exit_code", "timed_out", ...).
-Result<nlohmann::json> streamExec(ApiClient& client, const std::string& id, const nlohmann::json& body);
+// body is the exec request of docs/api.md. Returns the final result object ("exit_code", "timed_out", ...). With
+// forward_stdin, our stdin is the command's: it is written to the exec as it is read (stdin_stream), on a
+// connection of its own, and its EOF is the command's; a command that exits first just stops the copy.
+Result<nlohmann::json> streamExec(ApiClient& client, const std::string& id, const nlohmann::json& body,
+                                  bool forward_stdin = false);
 
 // The exit status `dsec` should end with for an exec result (the command's own code; 137 after a timeout), and
 // a note on stderr when the command timed out or was OOM-killed.

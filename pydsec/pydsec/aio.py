@@ -21,6 +21,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Awaitable, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, TypeVar, Union
 
+from . import _aio_stream
 from . import _validate as v
 from . import client as _sync
 from . import session as _sync_session
@@ -156,9 +157,17 @@ class Sandbox:
                                        output_cap=output_cap)
 
     def exec_stream(self, cmd: _sync.Cmd, timeout: Optional[float] = None, cwd: Optional[str] = None,
-                    env: Optional[Dict[str, str]] = None, stdin: Union[None, str, bytes] = None,
-                    output_cap: Optional[int] = None) -> ExecStream:
-        """Use with ``async for``. Arguments are checked now; the request starts on the first iteration."""
+                    env: Optional[Dict[str, str]] = None, stdin: Union[None, bool, str, bytes] = None,
+                    output_cap: Optional[int] = None) -> Any:
+        """Use with ``async for``. Arguments are checked now; the request starts on the first iteration.
+        ``stdin=True`` streams its stdin: ``async with sb.exec_stream(cmd, stdin=True) as s:`` starts the
+        command, then ``await s.stdin.write(data)`` and ``await s.stdin.close()`` (EOF)."""
+        if stdin is True:
+            body = v.exec_body(cmd, timeout, cwd, env, None, output_cap)
+            body["stdin_stream"] = True
+            t = self._sync._client._transport
+            return _aio_stream.AsyncExecStream(t.endpoint, t._token, self._sync._path, body,
+                                               _sync.Sandbox._exec_wait(timeout, t.timeout), t.connect_timeout, True)
         v.exec_body(cmd, timeout, cwd, env, stdin, output_cap)
         start = functools.partial(self._sync.exec_stream, cmd, timeout=timeout, cwd=cwd, env=env, stdin=stdin,
                                   output_cap=output_cap)

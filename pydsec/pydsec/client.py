@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import _config, _tar
 from . import _validate as v
@@ -32,25 +32,44 @@ class ExecStream:
     to abandon a stream early.
     """
 
-    def __init__(self, response: Response):
+    def __init__(self, response: Response, stdin_writer: Optional[Callable[[str], "StdinWriter"]] = None):
         self._response: Optional[Response] = response
         self._stdout: List[str] = []
         self._stderr: List[str] = []
         self.result: Optional[ExecResult] = None
+        #: With ``exec_stream(..., stdin=True)``: the command's stdin (write bytes, close for EOF); else None.
+        self.stdin: Optional[StdinWriter] = None
+        self.exec_id: Optional[str] = None
+        self._pending: Optional[Dict[str, Any]] = None
+        # The node answers as the command starts, first with a line that says so (and names the exec that
+        # streamed stdin is written to), whether or not the command ever prints.
+        doc = self._next_doc()
+        #: True once the node said the command runs (always, from nodes that stream from the start).
+        self.started = bool(doc is not None and doc.get("started"))
+        if not self.started:
+            self._pending = doc
+        elif isinstance(doc.get("exec_id"), str):
+            self.exec_id = doc["exec_id"]
+        if stdin_writer is not None:
+            if self.exec_id is None:
+                self.close()
+                raise ServerError("exec stream did not name its exec for streamed stdin")
+            self.stdin = stdin_writer(self.exec_id)
 
     def __iter__(self) -> Iterator[Tuple[str, str]]:
         return self
 
-    def __next__(self) -> Tuple[str, str]:
+    def _next_doc(self) -> Optional[Dict[str, Any]]:
+        """The next line as an object; None at the end of the response."""
         while True:
             if self._response is None:
-                raise StopIteration
+                return None
             line = self._response.readline()
             if not line:
                 self._response = None
                 if self.result is None:
                     raise ServerError("exec stream ended without a final result line")
-                raise StopIteration
+                return None
             line = line.strip()
             if not line:
                 continue
@@ -62,6 +81,13 @@ class ExecStream:
             if not isinstance(doc, dict):
                 self.close()
                 raise ServerError(f"exec stream sent a non-object line: {line[:200]!r}")
+            return doc
+
+    def __next__(self) -> Tuple[str, str]:
+        while True:
+            doc, self._pending = (self._pending, None) if self._pending is not None else (self._next_doc(), None)
+            if doc is None:
+                raise StopIteration
             if isinstance(doc.get("error"), dict):
                 # The node failed the exec after its output had started (the line also says done): an error of
                 # the platform's, never a result, so that it cannot pass for the command's own exit.
@@ -94,6 +120,52 @@ class ExecStream:
             response.close()
 
     def __enter__(self) -> "ExecStream":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class StdinWriter:
+    """The stdin of a running exec (``exec_stream(cmd, stdin=True).stdin``): ``write(data)`` returns once the
+    command's stdin pipe took it (a command that does not read holds the writer: backpressure), ``close()`` sends
+    EOF. Writing after the command exited raises ConflictError."""
+
+    _PIECE = 256 * 1024  # bytes per request (the node holds at most 1 MiB of one exec's stdin)
+
+    def __init__(self, route: Any, path: str, timeout: Optional[float]):
+        self._route = route
+        self._path = path
+        self._timeout = timeout
+        self.closed = False
+
+    def _send(self, data: bytes, eof: bool) -> int:
+        query = [("eof", "true")] if eof else None
+        doc = self._route.request("POST", self._path, query, body=data,
+                                  headers={"Content-Type": "application/octet-stream"}, timeout=self._timeout).json()
+        return int(doc.get("written", 0)) if isinstance(doc, dict) else 0
+
+    def write(self, data: Union[bytes, str]) -> int:
+        if self.closed:
+            raise ValueError("write to a closed exec stdin")
+        if isinstance(data, str):
+            data = data.encode("utf-8")
+        elif isinstance(data, (bytearray, memoryview)):
+            data = bytes(data)
+        elif not isinstance(data, bytes):
+            v._fail(f"stdin data must be bytes or str, got {type(data).__name__}")
+        written = 0
+        for off in range(0, len(data), self._PIECE):
+            written += self._send(data[off:off + self._PIECE], False)
+        return written
+
+    def close(self) -> None:
+        """Sends EOF (once)."""
+        if not self.closed:
+            self.closed = True
+            self._send(b"", True)
+
+    def __enter__(self) -> "StdinWriter":
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -217,14 +289,23 @@ class Sandbox:
         return ExecResult.from_json(doc)
 
     def exec_stream(self, cmd: Cmd, timeout: Optional[float] = None, cwd: Optional[str] = None,
-                    env: Optional[Dict[str, str]] = None, stdin: Union[None, str, bytes] = None,
+                    env: Optional[Dict[str, str]] = None, stdin: Union[None, bool, str, bytes] = None,
                     output_cap: Optional[int] = None) -> ExecStream:
-        """Run a command and get its output as it arrives; see ExecStream."""
-        body = v.exec_body(cmd, timeout, cwd, env, stdin, output_cap)
-        response = self._d().request("POST", self._path + "/exec/stream", body=json.dumps(body).encode("utf-8"),
-                                     headers={"Content-Type": "application/json"},
-                                     timeout=self._exec_wait(timeout, self._t().timeout))
-        return ExecStream(response)
+        """Run a command and get its output as it arrives; see ExecStream. Returns once the command has
+        started. ``stdin=True`` streams its stdin: write to the returned stream's ``stdin`` while it runs."""
+        streamed = stdin is True
+        body = v.exec_body(cmd, timeout, cwd, env, None if streamed or stdin is False else stdin, output_cap)
+        if streamed:
+            body["stdin_stream"] = True
+        route = self._d()
+        response = route.request("POST", self._path + "/exec/stream", body=json.dumps(body).encode("utf-8"),
+                                 headers={"Content-Type": "application/json"},
+                                 timeout=self._exec_wait(timeout, self._t().timeout))
+        if not streamed:
+            return ExecStream(response)
+        stdin_timeout = self._exec_wait(timeout, self._t().timeout)
+        return ExecStream(response, lambda exec_id: StdinWriter(
+            route, f"{self._path}/exec/{exec_id}/stdin", stdin_timeout))
 
     # -- files --------------------------------------------------------------------------------------------
     def write_file(self, path: str, data: Union[bytes, str], mode: Union[None, int, str] = None) -> Dict[str, Any]:

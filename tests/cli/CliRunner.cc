@@ -42,7 +42,7 @@ std::vector<std::string> buildEnv(const std::map<std::string, std::string>& over
   return out;
 }
 
-pid_t spawn(const std::vector<std::string>& args, const std::map<std::string, std::string>& env, int out_fd,
+pid_t spawn(const std::vector<std::string>& args, const std::map<std::string, std::string>& env, int in_fd, int out_fd,
             int err_fd) {
   std::vector<std::string> argv_s = {DSEC_CLI_PATH};
   argv_s.insert(argv_s.end(), args.begin(), args.end());
@@ -56,7 +56,7 @@ pid_t spawn(const std::vector<std::string>& args, const std::map<std::string, st
   pid_t pid = fork();
   if (pid == 0) {
     setpgid(0, 0);
-    int null_fd = open("/dev/null", O_RDONLY);
+    int null_fd = in_fd >= 0 ? in_fd : open("/dev/null", O_RDONLY);
     dup2(null_fd, 0);
     dup2(out_fd, 1);
     dup2(err_fd, 2);
@@ -78,12 +78,12 @@ int decodeStatus(int status) { return WIFEXITED(status) ? WEXITSTATUS(status) : 
 }  // namespace
 
 CliResult runDsec(const std::vector<std::string>& args, const std::map<std::string, std::string>& env,
-                  double timeout_seconds) {
+                  double timeout_seconds, int stdin_fd) {
   char out_path[] = "/tmp/dsec-cli-out.XXXXXX";
   char err_path[] = "/tmp/dsec-cli-err.XXXXXX";
   int out_fd = mkstemp(out_path);
   int err_fd = mkstemp(err_path);
-  pid_t pid = spawn(args, env, out_fd, err_fd);
+  pid_t pid = spawn(args, env, stdin_fd, out_fd, err_fd);
   close(out_fd);
   close(err_fd);
   CliResult result;
@@ -113,7 +113,7 @@ CliResult runDsec(const std::vector<std::string>& args, const std::map<std::stri
 BackgroundDsec::BackgroundDsec(const std::vector<std::string>& args, const std::map<std::string, std::string>& env,
                                const std::string& log_path) {
   int log_fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  pid_ = spawn(args, env, log_fd, log_fd);
+  pid_ = spawn(args, env, -1, log_fd, log_fd);
   close(log_fd);
 }
 

@@ -17,9 +17,9 @@ struct CliResult {
 };
 
 // env entries are set (or, with an empty value, removed) on top of ours. HOME is always redirected by callers
-// that care. Kills the process after timeout_seconds.
+// that care. Kills the process after timeout_seconds. Its stdin is stdin_fd when >= 0, else /dev/null.
 CliResult runDsec(const std::vector<std::string>& args, const std::map<std::string, std::string>& env = {},
-                  double timeout_seconds = 60);
+                  double timeout_seconds = 60, int stdin_fd = -1);
 
 // A `dsec ...` left running in the background (dsec serve); SIGTERM + wait at destruction.
 class BackgroundDsec {

@@ -1,7 +1,9 @@
 // `dsec serve` as a subprocess on a free port, driven by `dsec run/exec/ls/pause/resume/rm` through
 // DSEC_ENDPOINT/DSEC_TOKEN and through the fleet file. As root (real container sandboxes).
 #include <gtest/gtest.h>
+#include <fcntl.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <filesystem>
@@ -154,6 +156,43 @@ TEST_F(CliServe, FleetFileIsUsedWithoutEnvironment) {
   EXPECT_NE(r.out.find("ID"), std::string::npos) << r.out;
   r = runDsec({"ls", "--fleet", "nosuchfleet"}, env);
   EXPECT_EQ(r.exit_code, 1);
+}
+
+// `dsec exec` forwards its stdin: a pipe's bytes reach `cat` and its EOF ends it; a file larger than one write
+// arrives whole; --no-stdin gives the command EOF at once.
+TEST_F(CliServe, ExecForwardsStdin) {
+  auto r = dsec({"run", "bb:1", "--label", "suite=cli-stdin"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::string id = trim(r.out);
+
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  const std::string text = "hello\nfrom the pipe\n";
+  ASSERT_EQ(write(fds[1], text.data(), text.size()), static_cast<ssize_t>(text.size()));
+  close(fds[1]);  // EOF after the text: cat must end
+  r = runDsec({"exec", id, "--timeout", "60", "--", "cat"}, env_, 60, fds[0]);
+  close(fds[0]);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, text);
+
+  TempDir dir;
+  const std::string big(700 * 1024, 'x');  // several stdin writes
+  ASSERT_OK(writeFile(dir.path() + "/in", big));
+  UniqueFd in(open((dir.path() + "/in").c_str(), O_RDONLY | O_CLOEXEC));
+  ASSERT_TRUE(in);
+  r = runDsec({"exec", id, "--", "wc", "-c"}, env_, 60, in.get());
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(trim(r.out), std::to_string(big.size()));
+
+  UniqueFd again(open((dir.path() + "/in").c_str(), O_RDONLY | O_CLOEXEC));
+  r = runDsec({"exec", id, "--no-stdin", "--", "wc", "-c"}, env_, 60, again.get());
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(trim(r.out), "0");
+
+  r = dsec({"exec", id, "--connect-timeout", "0", "--", "true"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("--connect-timeout"), std::string::npos) << r.err;
+  EXPECT_EQ(dsec({"rm", id}).exit_code, 0);
 }
 
 }  // namespace

@@ -159,7 +159,8 @@ class RecordingSandbox : public Sandbox {
     std::string s;
     for (const auto& a : r.argv) s += a + ",";
     s += " cwd=" + r.cwd + " stdin=" + r.stdin_data + " stdin_fd=" + std::to_string(r.stdin_fd) +
-         " timeout=" + std::to_string(r.timeout_seconds) + " cap=" + std::to_string(r.output_cap);
+         " timeout=" + std::to_string(r.timeout_seconds) + " cap=" + std::to_string(r.output_cap) + " tty=" + std::to_string(r.tty) + ":" +
+         std::to_string(r.tty_rows) + "x" + std::to_string(r.tty_cols);
     for (const auto& [k, v] : r.env) s += " " + k + "=" + v;
     return s;
   }
@@ -188,10 +189,13 @@ ExecRequest sampleRequest() {
   r.stdin_fd = 3;
   r.timeout_seconds = 2.5;
   r.output_cap = 77;
+  r.tty = true;
+  r.tty_rows = 30;
+  r.tty_cols = 100;
   r.env = {{"K", "V"}};
   return r;
 }
-const char* kSampleDescription = "prog,arg1, cwd=/w stdin=in stdin_fd=3 timeout=2.500000 cap=77 K=V";
+const char* kSampleDescription = "prog,arg1, cwd=/w stdin=in stdin_fd=3 timeout=2.500000 cap=77 tty=1:30x100 K=V";
 
 // One check per operation: call it through `s` and return what the wrapped fake must have recorded; the
 // check itself verifies that the fake's answer came back unchanged.

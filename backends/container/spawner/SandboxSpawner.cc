@@ -13,6 +13,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -237,6 +238,9 @@ void confine(int status_fd) {
   // job control leaks in.
   if (setsid() < 0) childFail(status_fd, proto::kStepSetsid);
   if (dup2(r.fds[1], 0) < 0 || dup2(r.fds[2], 1) < 0 || dup2(r.fds[3], 2) < 0) childFail(status_fd, proto::kStepFds);
+  // A terminal session: the sandbox's pty (the agent opened it inside the sandbox's devpts) becomes the new
+  // session's controlling terminal, so ^C and window changes reach its foreground job.
+  if ((h.flags & proto::kControllingTty) != 0 && ioctl(0, TIOCSCTTY, 0) < 0) childFail(status_fd, proto::kStepTty);
   umask(022);
   if (chdir(r.cwd) < 0) childFail(status_fd, proto::kStepChdir);
   // The spawner ignores SIGPIPE; every other disposition is the default (it installs no handler), and exec resets

@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <string_view>
 
+#include "CommandControl.h"
 #include "SandboxFiles.h"
 #include "dsec/common/Logging.h"
 #include "dsec/common/Strings.h"
@@ -215,6 +216,7 @@ Status ContainerSandbox::pause() {
   std::lock_guard lock(mu_);
   if (destroyed_) return Error::notFound("sandbox " + spec_.id + " is destroyed");
   if (state_ == SandboxState::kPaused) return okStatus();
+  hangUpTerminalsLocked();  // killed before the freeze, which would hold them (and their sessions) for ever
   Status s = cgroup_->freeze();
   if (!s.ok()) return s.error().wrap("pause " + spec_.id);
   state_ = SandboxState::kPaused;

@@ -93,6 +93,8 @@ struct InitProcess {
   IdRangeHold lease;
 };
 
+class CommandControl;
+
 class ContainerSandbox : public Sandbox {
  public:
   ContainerSandbox(std::shared_ptr<ContainerShared> shared, SandboxSpec spec, InitProcess init,
@@ -162,6 +164,10 @@ class ContainerSandbox : public Sandbox {
     int stdin_fd = -1, stdout_fd = -1, stderr_fd = -1;
   };
   Result<SpawnedCommand> startCommand(const ExecRequest& request, const CommandStdio& stdio);
+  // Terminal execs running now: a pause or destroy hangs them up (their command's group is killed), so a
+  // terminal never hangs on a frozen or vanished sandbox.
+  void trackTerminal(const std::shared_ptr<CommandControl>& control);
+  void hangUpTerminalsLocked();  // under mu_
 
   std::shared_ptr<ContainerShared> shared_;
   SandboxSpec spec_;
@@ -184,6 +190,7 @@ class ContainerSandbox : public Sandbox {
   // Copies of the pidfds of spawn()ed processes: they are the agent's children, and the sandbox's init cannot
   // finish dying before they are reaped, so destroy() reaps those their owner has not (under mu_).
   std::vector<UniqueFd> spawned_;
+  std::vector<std::weak_ptr<CommandControl>> terminals_;  // under mu_
   // OOM kills of the cgroup already reported (or there before adoption).
   std::atomic<int64_t> oom_seen_{0};
   // What its processes were refused; shared with whatever reports refusals (egress filter, resolver).

@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/syscall.h>
+#include <termios.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -11,7 +12,9 @@
 #include <cerrno>
 #include <cstring>
 
+#include "CommandControl.h"
 #include "ContainerSandbox.h"
+#include "SandboxTerminal.h"
 #include "Spawn.h"
 #include "SpawnProtocol.h"
 #include "dsec/common/SigpipeBlock.h"
@@ -62,6 +65,10 @@ Status validateRequest(const ExecRequest& r) {
   if (r.timeout_seconds < 0) return Error::invalid("timeout must not be negative");
   if (r.output_cap < 0) return Error::invalid("output cap must not be negative");
   if (r.stdin_fd >= 0 && fcntl(r.stdin_fd, F_GETFD) < 0) return Error::invalid("stdin fd is not open");
+  if (r.tty && !r.stdin_data.empty()) return Error::invalid("a terminal exec takes its input as a stream, not stdin data");
+  if (r.tty && !validTerminalSize(r.tty_rows, r.tty_cols)) {
+    return Error::invalid("terminal size must be 1..4096 rows and columns");
+  }
   return okStatus();
 }
 
@@ -102,6 +109,7 @@ Result<SpawnedCommand> ContainerSandbox::startCommand(const ExecRequest& request
   spawn.stdin_fd = stdio.stdin_fd;
   spawn.stdout_fd = stdio.stdout_fd;
   spawn.stderr_fd = stdio.stderr_fd;
+  spawn.controlling_tty = request.tty;
   if (!shared_->options.commands) {
     return Error(ErrorCode::kUnsupported, "this backend starts no commands inside its sandboxes");
   }
@@ -219,8 +227,23 @@ class CommandPump {
     for (auto& s : streams_) setNonBlocking(s.fd.get());
   }
 
+  // A terminal exec: its output is the terminal's master end; input, when the caller streams it, is read from
+  // input_fd and typed into the terminal (its EOF types the terminal's end-of-file character).
+  void attachTerminal(UniqueFd master_read, UniqueFd master_write, int input_fd) {
+    streams_[0].fd = std::move(master_read);
+    streams_[0].buffer = &result_.stdout_data;
+    streams_[0].is_stdout = true;
+    setNonBlocking(streams_[0].fd.get());
+    term_in_ = std::move(master_write);
+    input_fd_ = input_fd;
+    if (input_fd_ >= 0) setNonBlocking(input_fd_);
+  }
+
   // Polls the command's pidfd, its output and its stdin until the pidfd says it exited (it is not reaped).
   Status untilExit();
+
+  // The caller wants no more (its sink refused the start).
+  void stop() { killGroup(); }
 
   // The command is reaped: its pid, and so its group's id, may now name another process; nothing is signalled.
   void reaped() { killed_ = true; }
@@ -287,6 +310,34 @@ class CommandPump {
     if ((n < 0 && errno != EAGAIN && errno != EINTR) || stdin_off_ >= data.size()) stdin_fd_.reset();
   }
 
+  // Terminal input: reads the next piece from the caller, or at its EOF queues the end-of-file character.
+  void readInput() {
+    char buf[4096];
+    ssize_t n = read(input_fd_, buf, sizeof buf);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
+    if (n > 0) {
+      pending_in_.assign(buf, static_cast<size_t>(n));
+      return;
+    }
+    input_fd_ = -1;  // EOF (or a broken pipe): the terminal's end-of-file character, as a typed ^D
+    termios t{};
+    pending_in_.assign(1, tcgetattr(term_in_.get(), &t) == 0 ? static_cast<char>(t.c_cc[VEOF]) : '\x04');
+  }
+  void typeInput(short revents) {
+    if (revents & (POLLERR | POLLHUP)) {
+      pending_in_.clear();
+      term_in_.reset();
+      input_fd_ = -1;
+      return;
+    }
+    ssize_t n = write(term_in_.get(), pending_in_.data(), pending_in_.size());
+    if (n > 0) pending_in_.erase(0, static_cast<size_t>(n));
+    if (n < 0 && errno != EAGAIN && errno != EINTR) {
+      pending_in_.clear();
+      input_fd_ = -1;
+    }
+  }
+
   // Until the deadline (none once the command is killed: then its exit is what is waited for).
   int pollTimeoutMs() const {
     if (deadline_ <= 0 || killed_) return -1;
@@ -303,13 +354,16 @@ class CommandPump {
   Stream streams_[2];  // stdout, stderr
   UniqueFd stdin_fd_;
   size_t stdin_off_ = 0;
+  UniqueFd term_in_;     // terminal execs: the master end input is typed into
+  int input_fd_ = -1;    // terminal execs: the caller's input stream (theirs), -1 once at EOF
+  std::string pending_in_;  // read from input_fd_, not yet taken by the terminal
   bool killed_ = false;
 };
 
 Status CommandPump::untilExit() {
   bool exited = false;
   while (!exited) {
-    pollfd fds[4];
+    pollfd fds[5];
     int nfds = 0;
     fds[nfds++] = {cmd_.pidfd.get(), POLLIN, 0};
     int stream_index[2] = {-1, -1};
@@ -323,6 +377,14 @@ Status CommandPump::untilExit() {
     if (stdin_fd_) {
       stdin_index = nfds;
       fds[nfds++] = {stdin_fd_.get(), POLLOUT, 0};
+    }
+    int input_index = -1;
+    if (term_in_ && !pending_in_.empty()) {
+      input_index = nfds;
+      fds[nfds++] = {term_in_.get(), POLLOUT, 0};
+    } else if (term_in_ && input_fd_ >= 0) {
+      input_index = nfds;
+      fds[nfds++] = {input_fd_, POLLIN, 0};
     }
     int rc = poll(fds, static_cast<nfds_t>(nfds), pollTimeoutMs());
     if (rc < 0 && errno != EINTR) {
@@ -338,6 +400,13 @@ Status CommandPump::untilExit() {
       if (stream_index[i] >= 0 && fds[stream_index[i]].revents != 0 && !pump(streams_[i])) streams_[i].fd.reset();
     }
     if (stdin_index >= 0 && fds[stdin_index].revents != 0) feedStdin(fds[stdin_index].revents);
+    if (input_index >= 0 && fds[input_index].revents != 0) {
+      if (fds[input_index].fd == input_fd_) {
+        readInput();
+      } else {
+        typeInput(fds[input_index].revents);
+      }
+    }
     if (fds[0].revents & POLLIN) exited = true;
   }
   return okStatus();
@@ -366,19 +435,32 @@ Result<ExecResult> ContainerSandbox::run(const ExecRequest& request, ExecSink* s
   const double start = monotonicSeconds();
 
   // With a caller's stdin fd (a streamed upload) the command reads it directly: the spawner dups it into the
-  // command, the caller's copy stays open and theirs to close, and stdin_data is ignored.
+  // command, the caller's copy stays open and theirs to close, and stdin_data is ignored. A terminal exec's
+  // stdin, stdout and stderr are all the terminal; the caller's stdin fd is typed into it by the pump.
   const bool caller_stdin = request.stdin_fd >= 0;
-  Pipe in;
-  if (!caller_stdin) {
-    DSEC_ASSIGN_OR_RETURN(in, makePipe());
+  Pipe in, out, err;
+  TerminalPair terminal;
+  if (request.tty) {
+    DSEC_ASSIGN_OR_RETURN(UniqueFd root, openRoot());
+    DSEC_ASSIGN_OR_RETURN(terminal, openSandboxTerminal(root.get(), request.tty_rows, request.tty_cols));
+  } else {
+    if (!caller_stdin) {
+      DSEC_ASSIGN_OR_RETURN(in, makePipe());
+    }
+    DSEC_ASSIGN_OR_RETURN(out, makePipe());
+    DSEC_ASSIGN_OR_RETURN(err, makePipe());
   }
-  DSEC_ASSIGN_OR_RETURN(Pipe out, makePipe());
-  DSEC_ASSIGN_OR_RETURN(Pipe err, makePipe());
-  DSEC_ASSIGN_OR_RETURN(SpawnedCommand cmd, startCommand(request, {caller_stdin ? request.stdin_fd : in.read_end.get(),
-                                                                   out.write_end.get(), err.write_end.get()}));
+  CommandStdio stdio;
+  if (request.tty) {
+    stdio = {terminal.slave.get(), terminal.slave.get(), terminal.slave.get()};
+  } else {
+    stdio = {caller_stdin ? request.stdin_fd : in.read_end.get(), out.write_end.get(), err.write_end.get()};
+  }
+  DSEC_ASSIGN_OR_RETURN(SpawnedCommand cmd, startCommand(request, stdio));
   in.read_end.reset();
   out.write_end.reset();
   err.write_end.reset();
+  terminal.slave.reset();  // the command holds it now: the master reads EIO once every holder inside closed it
 
   const double deadline = request.timeout_seconds > 0 ? start + request.timeout_seconds : 0;
   if (auto unstarted = unstartedOutcome(request, spec_.id, cmd, start, deadline, sink)) return std::move(*unstarted);
@@ -388,8 +470,24 @@ Result<ExecResult> ContainerSandbox::run(const ExecRequest& request, ExecSink* s
   if (caller_stdin || request.stdin_data.empty()) stdin_fd.reset();
   ExecResult result;
   CommandPump pump(request, sink, cmd, result, deadline);
-  pump.attach(std::move(stdin_fd), std::move(out.read_end), std::move(err.read_end));
-  if (auto pumped = pump.untilExit(); !pumped.ok()) {
+  UniqueFd control_master;
+  if (request.tty) {
+    UniqueFd master_write(fcntl(terminal.master.get(), F_DUPFD_CLOEXEC, 3));
+    control_master = UniqueFd(fcntl(terminal.master.get(), F_DUPFD_CLOEXEC, 3));
+    if (!master_write || !control_master) {
+      killAndReap(cmd);
+      return Error::sys(errno, "dup the terminal's master end");
+    }
+    pump.attachTerminal(std::move(terminal.master), std::move(master_write), request.stdin_fd);
+  } else {
+    pump.attach(std::move(stdin_fd), std::move(out.read_end), std::move(err.read_end));
+  }
+  auto control = std::make_shared<CommandControl>(cmd.pid, std::move(control_master));
+  if (request.tty) trackTerminal(control);
+  if (sink != nullptr && !sink->onStarted(control)) pump.stop();
+  auto pumped = pump.untilExit();
+  control->ended();  // before the reap: nothing signals a pid that may be reused
+  if (!pumped.ok()) {
     killAndReap(cmd);
     return pumped.error();
   }
@@ -400,6 +498,19 @@ Result<ExecResult> ContainerSandbox::run(const ExecRequest& request, ExecSink* s
   if (result.exit_code != 0) noteOomKill(result);
   result.duration_seconds = monotonicSeconds() - start;
   return result;
+}
+
+void ContainerSandbox::trackTerminal(const std::shared_ptr<CommandControl>& control) {
+  std::lock_guard lock(mu_);
+  std::erase_if(terminals_, [](const std::weak_ptr<CommandControl>& t) { return t.expired(); });
+  terminals_.push_back(control);
+}
+
+void ContainerSandbox::hangUpTerminalsLocked() {
+  for (auto& weak : terminals_) {
+    if (auto t = weak.lock()) t->hangUp();
+  }
+  terminals_.clear();
 }
 
 void ContainerSandbox::noteOomKill(ExecResult& result) {

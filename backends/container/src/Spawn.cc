@@ -262,7 +262,8 @@ Result<SpawnedCommand> Spawner::sendLocked(const CommandSpawnRequest& request, c
   fds.insert(fds.end(), request.procs_fds.begin(), request.procs_fds.end());
   sp::RequestHeader header{};
   header.magic = sp::kRequestMagic;
-  header.flags = request.user_namespace ? static_cast<uint32_t>(sp::kUserNamespace) : 0U;
+  header.flags = (request.user_namespace ? static_cast<uint32_t>(sp::kUserNamespace) : 0U) |
+                 (request.controlling_tty ? static_cast<uint32_t>(sp::kControllingTty) : 0U);
   header.namespace_flags = request.namespace_flags;
   header.sched_policy = request.sched_policy;
   header.keep_caps = request.keep_caps;

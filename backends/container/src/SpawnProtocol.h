@@ -50,7 +50,8 @@ struct SetupHeader {
 };
 
 enum RequestFlags : uint32_t {
-  kUserNamespace = 1,  // join the sandbox's user namespace and become its root
+  kUserNamespace = 1,   // join the sandbox's user namespace and become its root
+  kControllingTty = 2,  // stdin is a terminal (the sandbox's own): make it the new session's controlling terminal
 };
 
 struct RequestHeader {
@@ -84,6 +85,7 @@ enum ChildStep : int32_t {
   kStepNoNewPrivs,
   kStepSeccomp,
   kStepExec,
+  kStepTty,
 };
 
 struct ChildFailure {
@@ -115,6 +117,8 @@ inline const char* childStepName(int32_t step) {
       return "install seccomp filter";
     case kStepExec:
       return "exec";
+    case kStepTty:
+      return "take the terminal";
     default:
       return "unknown step";
   }

@@ -133,6 +133,16 @@ void ApiServer::dispatchSandbox(HttpExchange& ex, const RouteMatch& m) {
       return exec(ex, id, false);
     case Op::kExecStream:
       return exec(ex, id, true);
+    case Op::kExecStdin: {
+      const std::string eof = m.query.get("eof", "false");
+      if (eof != "true" && eof != "false" && eof != "1" && eof != "0") {
+        ex.discardBody(kStdinBufferLimit);
+        return ex.sendError(400, "invalid", "eof: expected true or false, got '" + eof + "'");
+      }
+      return execStdin(ex, id, m.sub_id, eof == "true" || eof == "1");
+    }
+    case Op::kTerminal:
+      return terminal(ex, m);
     case Op::kReadFile:
       return readFile(ex, m);
     case Op::kWriteFile:

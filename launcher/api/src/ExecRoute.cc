@@ -1,10 +1,12 @@
-// POST /v1/sandboxes/{id}/exec, buffered or streamed as NDJSON (ApiServer.h).
+// POST /v1/sandboxes/{id}/exec, buffered or streamed as NDJSON, and the streamed stdin of a running exec
+// (ApiServer.h, StdinFeeds.h).
 #include <mutex>
 
 #include "dsec/launcher/api/ApiServer.h"
 #include "dsec/launcher/api/ExecResponse.h"
 #include "dsec/launcher/api/JsonEscape.h"
 #include "dsec/launcher/api/Requests.h"
+#include "dsec/launcher/api/StdinFeeds.h"
 
 namespace dsec::launcher {
 namespace {
@@ -17,7 +19,21 @@ constexpr size_t kEscapeSlice = size_t{16} * 1024;  // output bytes escaped at a
 // sequence split between pieces is carried to the next line by the stream's escaper.
 class NdjsonSink : public backends::ExecSink {
  public:
-  explicit NdjsonSink(HttpExchange& ex) : ex_(ex) {}
+  // exec_id: the id its stdin is written to (streamed stdin), else empty; stdin_read_end: the node's copy of the
+  // command's stdin, let go once the command holds its own (so its exit breaks the pipe for writers).
+  NdjsonSink(HttpExchange& ex, std::string exec_id, UniqueFd stdin_read_end)
+      : ex_(ex), exec_id_(std::move(exec_id)), stdin_read_end_(std::move(stdin_read_end)) {}
+
+  // The stream opens as the command starts, whether or not it ever writes: the first line says it runs.
+  bool onStarted(const std::shared_ptr<backends::ExecControl>& /*control*/) override {
+    std::lock_guard lock(mu_);
+    stdin_read_end_.reset();
+    if (!open()) return false;
+    json line = {{"started", true}};
+    if (!exec_id_.empty()) line["exec_id"] = exec_id_;
+    std::string text = line.dump() + "\n";
+    return ex_.writeStream(text.data(), text.size());
+  }
   bool onStdout(const char* data, size_t size) override { return emit("{\"stdout\":\"", &out_escaper_, data, size); }
   bool onStderr(const char* data, size_t size) override { return emit("{\"stderr\":\"", &err_escaper_, data, size); }
 
@@ -68,6 +84,8 @@ class NdjsonSink : public backends::ExecSink {
   }
 
   HttpExchange& ex_;
+  const std::string exec_id_;
+  UniqueFd stdin_read_end_;
   std::mutex mu_;
   bool started_ = false;
   JsonStringEscaper out_escaper_, err_escaper_;
@@ -97,6 +115,20 @@ json execResultToJson(const backends::ExecResult& r) {
 void ApiServer::exec(HttpExchange& ex, const std::string& id, bool stream) {
   auto body = readJsonBody(ex, kExecBodyLimit);
   if (!body) return;
+  // "stdin_stream": the command's stdin is written while it runs (POST .../exec/{exec_id}/stdin).
+  bool stdin_stream = false;
+  if (body->is_object() && body->contains("stdin_stream")) {
+    const json& flag = (*body)["stdin_stream"];
+    if (!flag.is_boolean()) return ex.sendError(400, "invalid", "stdin_stream: expected true or false");
+    stdin_stream = flag.get<bool>();
+    body->erase("stdin_stream");
+    if (stdin_stream && !stream) {
+      return ex.sendError(400, "invalid", "stdin_stream: only a streamed exec (/exec/stream) takes stdin as it runs");
+    }
+    if (stdin_stream && (body->contains("stdin") || body->contains("stdin_b64"))) {
+      return ex.sendError(400, "invalid", "stdin_stream: give stdin either as a stream or as data, not both");
+    }
+  }
   auto req = parseExecRequest(*body);
   if (!req.ok()) return sendError(ex, req.error());
   auto lease = agent_->use(id);
@@ -110,8 +142,18 @@ void ApiServer::exec(HttpExchange& ex, const std::string& id, bool stream) {
     output.respond(ex, *result);
     return;
   }
-  NdjsonSink sink(ex);
+  std::string exec_id;
+  UniqueFd stdin_read_end;
+  if (stdin_stream) {
+    auto feed = stdin_feeds_.open(id);
+    if (!feed.ok()) return sendError(ex, feed.error());
+    exec_id = feed->first;
+    stdin_read_end = std::move(feed->second);
+    req->stdin_fd = stdin_read_end.get();
+  }
+  NdjsonSink sink(ex, exec_id, std::move(stdin_read_end));
   auto result = lease->sandbox().execStream(*req, sink);
+  if (!exec_id.empty()) stdin_feeds_.close(exec_id);
   if (!result.ok()) {
     if (!sink.started()) return sendError(ex, result.error());
     // Headers are out: report the failure as the last line.
@@ -127,6 +169,51 @@ void ApiServer::exec(HttpExchange& ex, const std::string& id, bool stream) {
   last["stderr"] = "";
   last["done"] = true;
   if (sink.writeLast(last)) ex.endStream();
+}
+
+void ApiServer::execStdin(HttpExchange& ex, const std::string& id, const std::string& exec_id, bool eof) {
+  auto feed = stdin_feeds_.find(id, exec_id);
+  if (!feed.ok()) {
+    ex.discardBody(kStdinBufferLimit);
+    return sendError(ex, feed.error());
+  }
+  // What this write holds of the exec's stdin buffer is known before its body is read.
+  auto length = ex.contentLength();
+  if (ex.hasBody() && !length) {
+    ex.forceClose();
+    return ex.sendError(411, "length_required", "stdin writes need a Content-Length");
+  }
+  const uint64_t bytes = length.value_or(0);
+  if (bytes > kStdinBufferLimit) {
+    ex.discardBody(0);
+    ex.forceClose();
+    return ex.sendError(413, "too_large",
+                        "a stdin write of " + std::to_string(bytes) + " bytes is over the limit of " +
+                            std::to_string(kStdinBufferLimit) + " bytes per exec; write it in smaller pieces");
+  }
+  if (!(*feed)->reserve(bytes)) {
+    ex.discardBody(kStdinBufferLimit);
+    return ex.sendError(429, "capacity",
+                        "the exec's stdin buffer (" + std::to_string(kStdinBufferLimit) +
+                            " bytes) is full of earlier writes: wait for them to finish",
+                        {{"Retry-After", "1"}}, json{{"retry_after", 1}, {"resource", "stdin_buffer"}});
+  }
+  bool too_large = false;
+  auto data = ex.readBody(bytes, &too_large);
+  if (!data.ok()) {
+    (*feed)->release(bytes);
+    if (!ex.responded()) sendError(ex, data.error());
+    return;
+  }
+  uint64_t written = 0;
+  Status st = (*feed)->write(*data, eof, &written);
+  (*feed)->release(bytes);
+  if (!st.ok()) {
+    auto [status, code] = httpStatusFor(st.error().code());
+    return ex.sendError(status, code, st.error().message() + " (" + std::to_string(written) + " bytes written)", {},
+                        json{{"written", written}});
+  }
+  ex.sendJson(200, json{{"written", written}, {"eof", eof}});
 }
 
 }  // namespace dsec::launcher

@@ -169,6 +169,8 @@ const RouteTable& nodeRoutes() {
         .add("/v1/sandboxes/*/violations", {{V::get, op(Op::kViolations)}})
         .add("/v1/sandboxes/*/exec", {{V::post, op(Op::kExec)}})
         .add("/v1/sandboxes/*/exec/stream", {{V::post, op(Op::kExecStream)}})
+        .add("/v1/sandboxes/*/exec/*/stdin", {{V::post, op(Op::kExecStdin)}})
+        .add("/v1/sandboxes/*/terminal", {{V::get, op(Op::kTerminal)}})
         .add("/v1/sandboxes/*/files",
              {{V::get, op(Op::kReadFile)}, {V::put, op(Op::kWriteFile)}, {V::delete_, op(Op::kRemoveFile)}})
         .add("/v1/sandboxes/*/files/list", {{V::get, op(Op::kListDir)}})
@@ -201,6 +203,7 @@ RouteMatch matchRoute(http::verb method, std::string_view target) {
       return m;
     }
     m.sandbox_id = std::move(id);
+    if (t.wildcards.size() > 1) m.sub_id = t.wildcards[1];
   } else if (t.route >= 0 && session_route) {
     std::string name;
     if (!percentDecode(t.wildcards[0], &name)) name = t.wildcards[0];
@@ -230,6 +233,7 @@ BodyKind bodyKind(Op op) {
       return BodyKind::kJson;
     case Op::kWriteFile:
     case Op::kPutTar:
+    case Op::kExecStdin:
       return BodyKind::kStream;
     default:
       return BodyKind::kNone;
@@ -268,6 +272,10 @@ const char* opName(Op op) {
       return "exec";
     case Op::kExecStream:
       return "exec-stream";
+    case Op::kExecStdin:
+      return "exec-stdin";
+    case Op::kTerminal:
+      return "terminal";
     case Op::kReadFile:
       return "read-file";
     case Op::kWriteFile:

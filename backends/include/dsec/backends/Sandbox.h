@@ -71,6 +71,13 @@ struct ExecRequest {
   int stdin_fd = -1;
   double timeout_seconds = 0;     // 0 = none
   int64_t output_cap = 16 << 20;  // bytes kept per stream; the rest is drained and dropped
+  // A terminal for the command (an interactive session): a pseudo-terminal of the sandbox's own (never one of
+  // the host's) becomes its stdin, stdout and stderr and its controlling terminal. Its output comes to the sink
+  // as stdout (output_cap applies); stdin_fd, when set, is read by the backend and typed into the terminal, and
+  // its EOF types the terminal's end-of-file character. stdin_data is refused with a terminal.
+  bool tty = false;
+  int tty_rows = 24;
+  int tty_cols = 80;
 };
 
 // A long-running process started inside a sandbox whose pipes the caller keeps (fncall workers). The
@@ -94,10 +101,24 @@ struct ExecResult {
   double duration_seconds = 0;
 };
 
+// What a caller may do to a running exec from any thread (ExecSink::onStarted). Calls after the exec ended fail
+// with kNotFound; nothing is ever signalled once the command is reaped.
+class ExecControl {
+ public:
+  virtual ~ExecControl() = default;
+  // A terminal exec's window size (the command gets SIGWINCH); kInvalidArgument without a terminal or out of range.
+  virtual Status resize(int rows, int cols) = 0;
+  // Sends sig to the command's process group (a terminal exec: to the terminal's foreground process group).
+  virtual Status signal(int sig) = 0;
+};
+
 // Receives output as it is produced (streaming exec). Returning false stops the command (client gone).
 class ExecSink {
  public:
   virtual ~ExecSink() = default;
+  // The command runs (it has exec'd), before any of its output; control stays usable (and valid) while the
+  // caller holds it. Returning false stops the command.
+  virtual bool onStarted(const std::shared_ptr<ExecControl>& /*control*/) { return true; }
   virtual bool onStdout(const char* data, size_t size) = 0;
   virtual bool onStderr(const char* data, size_t size) = 0;
 };

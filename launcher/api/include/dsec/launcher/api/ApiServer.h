@@ -9,6 +9,7 @@
 #include "dsec/launcher/api/HttpServer.h"
 #include "dsec/launcher/api/OutputBudget.h"
 #include "dsec/launcher/api/Router.h"
+#include "dsec/launcher/api/StdinFeeds.h"
 #include "dsec/launcher/node/Metrics.h"
 #include "dsec/launcher/node/NodeAgent.h"
 
@@ -42,6 +43,10 @@ class ApiServer : public RequestHandler {
   void createSandbox(HttpExchange& ex);
   void call(HttpExchange& ex);  // POST /v1/call, CallApi.cc
   void exec(HttpExchange& ex, const std::string& id, bool stream);
+  // POST /v1/sandboxes/{id}/exec/{exec}/stdin (ExecRoute.cc).
+  void execStdin(HttpExchange& ex, const std::string& id, const std::string& exec_id, bool eof);
+  // GET /v1/sandboxes/{id}/terminal: a terminal session over WebSocket (TerminalRoute.cc).
+  void terminal(HttpExchange& ex, const RouteMatch& m);
   void sandboxPolicy(HttpExchange& ex, const RouteMatch& m);  // network, protect, violations
   void readFile(HttpExchange& ex, const RouteMatch& m);
   void writeFile(HttpExchange& ex, const RouteMatch& m);
@@ -55,6 +60,7 @@ class ApiServer : public RequestHandler {
   NodeAgent* agent_;
   std::string token_;
   OutputBudget output_budget_;
+  StdinFeeds stdin_feeds_;
 };
 
 nlohmann::json execResultToJson(const backends::ExecResult& r);

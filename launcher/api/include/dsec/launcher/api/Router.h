@@ -30,6 +30,8 @@ enum class Op {
   kViolations,  // GET /v1/sandboxes/{id}/violations
   kExec,
   kExecStream,
+  kExecStdin,  // POST /v1/sandboxes/{id}/exec/{exec}/stdin
+  kTerminal,   // GET /v1/sandboxes/{id}/terminal (WebSocket)
   kReadFile,
   kWriteFile,
   kRemoveFile,
@@ -59,6 +61,7 @@ struct RouteMatch {
   std::string allow;     // for 405: "GET, POST"
   Op op = Op::kHealthz;
   std::string sandbox_id;
+  std::string sub_id;   // a route's second "*" after the sandbox's (the exec of /exec/{exec}/stdin), raw
   std::string session;  // session routes: the (valid) session name
   QueryParams query;
 };

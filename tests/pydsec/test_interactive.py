@@ -1,0 +1,111 @@
+"""Interactive execs against a real `dsec serve`: streams that start with the process, and streamed stdin.
+
+No timing assertions: a command that waits on something the test controls proves that the stream began before
+the command printed anything (the test can only release it after exec_stream returned)."""
+
+import uuid
+
+import pytest
+
+import pydsec
+
+
+@pytest.fixture
+def sb(client, dsec):
+    box = client.create(image=dsec.image, labels={"suite": "pydsec-interactive", "test": uuid.uuid4().hex[:8]})
+    try:
+        yield box
+    finally:
+        box.destroy()
+
+
+def test_exec_stream_begins_when_the_command_starts(sb):
+    # Silent until the test creates /tmp/go, which it can only do once exec_stream has returned: a node that held
+    # the response back until the first output would leave this waiting until the exec's timeout.
+    stream = sb.exec_stream("while [ ! -e /tmp/go ]; do sleep 0.05; done; echo released", timeout=60)
+    assert stream.started
+    sb.write_file("/tmp/go", b"")
+    assert list(stream) == [("stdout", "released\n")]
+    assert stream.result.exit_code == 0 and not stream.result.timed_out
+
+
+def test_streamed_stdin_is_echoed_while_running(sb):
+    with sb.exec_stream("cat", stdin=True, timeout=60) as stream:
+        assert stream.started and stream.exec_id
+        assert stream.stdin.write(b"first line\n") == len(b"first line\n")
+        # cat answers before stdin is closed: the command is interactive, not fed a buffered body.
+        assert next(stream) == ("stdout", "first line\n")
+        stream.stdin.write("second\n")
+        assert next(stream) == ("stdout", "second\n")
+        stream.stdin.close()  # EOF ends cat
+        result = stream.wait()
+    assert result.exit_code == 0 and result.stdout == "first line\nsecond\n"
+
+
+def test_streamed_stdin_eof_and_binary(sb):
+    stream = sb.exec_stream(["sh", "-c", "wc -c; echo done >&2"], stdin=True, timeout=60)
+    payload = bytes(range(256)) * 4096  # 1 MiB: several writes, each waited for by the pipe
+    assert stream.stdin.write(payload) == len(payload)
+    stream.stdin.close()
+    result = stream.wait()
+    assert result.exit_code == 0 and result.stdout.strip() == str(len(payload)) and result.stderr == "done\n"
+
+
+def test_stdin_write_after_exit_and_after_eof(sb):
+    stream = sb.exec_stream("head -c 3", stdin=True, timeout=60)
+    stream.stdin.write(b"abc")
+    result = stream.wait()
+    assert result.stdout == "abc"
+    with pytest.raises((pydsec.ConflictError, pydsec.NotFoundError)):
+        stream.stdin.write(b"more")
+    other = sb.exec_stream("cat", stdin=True, timeout=60)
+    other.stdin.close()
+    with pytest.raises(ValueError):
+        other.stdin.write(b"x")
+    assert other.wait().exit_code == 0
+
+
+def test_stdin_write_over_the_buffer_cap_is_refused(sb):
+    stream = sb.exec_stream("cat >/dev/null", stdin=True, timeout=60)
+    route = sb._d()
+    with pytest.raises(pydsec.TooLargeError):
+        route.request("POST", f"/v1/sandboxes/{sb.id}/exec/{stream.exec_id}/stdin", body=b"x" * (2 << 20),
+                      headers={"Content-Type": "application/octet-stream"})
+    with pytest.raises(pydsec.NotFoundError):
+        route.request("POST", f"/v1/sandboxes/{sb.id}/exec/{'0' * 24}/stdin", body=b"x")
+    stream.stdin.close()
+    assert stream.wait().exit_code == 0
+
+
+def test_stdin_stream_needs_the_streamed_route(sb):
+    with pytest.raises(pydsec.InvalidRequestError):
+        sb._d().call("POST", f"/v1/sandboxes/{sb.id}/exec", payload={"cmd": "cat", "stdin_stream": True})
+
+
+def test_aio_streamed_stdin(dsec):
+    import asyncio
+
+    import pydsec.aio
+
+    async def main():
+        async with pydsec.aio.Client(endpoint=dsec.endpoint, token=dsec.token) as c:
+            async with c.create(image=dsec.image, labels={"suite": "aio-interactive"}) as box:
+                async with box.exec_stream("cat", stdin=True, timeout=60) as stream:
+                    assert stream.started and stream.exec_id
+                    await stream.stdin.write(b"ping\n")
+                    assert await stream.__anext__() == ("stdout", "ping\n")
+                    await stream.stdin.write("pong\n")
+                    assert await stream.__anext__() == ("stdout", "pong\n")
+                    await stream.stdin.close()
+                    result = await stream.wait()
+                assert result.exit_code == 0 and result.stdout == "ping\npong\n"
+                # Many at once on one loop: each stream holds its connections, no thread.
+                streams = [box.exec_stream(["sh", "-c", "wc -c"], stdin=True, timeout=60) for _ in range(8)]
+                for s in streams:
+                    await s.start()
+                await asyncio.gather(*(s.stdin.write(b"x" * (i + 1)) for i, s in enumerate(streams)))
+                await asyncio.gather(*(s.stdin.close() for s in streams))
+                results = await asyncio.gather(*(s.wait() for s in streams))
+                assert [r.stdout.strip() for r in results] == [str(i + 1) for i in range(8)]
+
+    asyncio.run(main())
