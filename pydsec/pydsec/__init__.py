@@ -20,7 +20,8 @@ The timeout and connection errors are called :class:`DsecTimeoutError` and :clas
 they do not shadow the builtins; they also derive from the builtin ``TimeoutError`` and ``ConnectionError``.
 """
 
-from .client import Client, ExecStream, Sandbox
+from .client import Client, ExecStream, Sandbox, StdinWriter
+from ._websocket import Terminal
 from .session import Session
 from .errors import (AuthError, CapacityError, ConflictError, DsecConnectionError, DsecError, DsecTimeoutError,
                      InfraError, InvalidRequestError, NodeLostError, NotFoundError, ServerError, TooLargeError,
@@ -31,8 +32,8 @@ from .results import ExecResult
 __version__ = "0.1.0"
 
 __all__ = [
-    "Client", "Sandbox", "Session", "ExecStream", "ExecResult", "DsecError", "InvalidRequestError", "TooLargeError",
-    "AuthError", "NotFoundError", "ConflictError", "CapacityError", "UnsupportedError", "DsecTimeoutError",
+    "Client", "Sandbox", "Session", "ExecStream", "StdinWriter", "Terminal", "ExecResult", "DsecError",
+    "InvalidRequestError", "TooLargeError", "AuthError", "NotFoundError", "ConflictError", "CapacityError", "UnsupportedError", "DsecTimeoutError",
     "ServerError", "DsecConnectionError", "InfraError", "UnavailableError", "NodeLostError", "UnsafeArchiveError",
     "__version__",
 ]

@@ -10,11 +10,12 @@ import os
 import tempfile
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
-from . import _config, _tar
+from . import _config, _tar, _websocket
 from . import _validate as v
 from ._direct import DataPath, SandboxRoute
 from ._http import Response, Transport
 from .errors import DsecError, NodeLostError, NotFoundError, ServerError, error_from_code
+from ._websocket import Terminal
 from .results import ExecResult
 
 Cmd = Union[str, Sequence[str]]
@@ -306,6 +307,16 @@ class Sandbox:
         stdin_timeout = self._exec_wait(timeout, self._t().timeout)
         return ExecStream(response, lambda exec_id: StdinWriter(
             route, f"{self._path}/exec/{exec_id}/stdin", stdin_timeout))
+
+    def terminal(self, cmd: Optional[Cmd] = None, rows: int = 24, cols: int = 80, timeout: Optional[float] = None,
+                 cwd: Optional[str] = None, term: Optional[str] = None) -> "Terminal":
+        """A command (default: the sandbox's login shell) on a terminal of the sandbox's own, over WebSocket;
+        see pydsec.Terminal. timeout kills it after that many seconds, as an exec's does."""
+        if cwd is not None:
+            v.abs_path("cwd", cwd)
+        target = _websocket.terminal_target(self._path, cmd, rows, cols, timeout, cwd, term)
+        t = self._t()
+        return _websocket.open_terminal(t.endpoint, t._token, target, t.connect_timeout, t.timeout)
 
     # -- files --------------------------------------------------------------------------------------------
     def write_file(self, path: str, data: Union[bytes, str], mode: Union[None, int, str] = None) -> Dict[str, Any]:

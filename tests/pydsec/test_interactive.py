@@ -109,3 +109,70 @@ def test_aio_streamed_stdin(dsec):
                 assert [r.stdout.strip() for r in results] == [str(i + 1) for i in range(8)]
 
     asyncio.run(main())
+
+
+# -- terminals -------------------------------------------------------------------------------------------------
+
+
+def test_terminal_is_a_pty_of_the_sandbox_and_follows_resize(sb):
+    with sb.terminal(["sh"], rows=30, cols=100, timeout=120) as term:
+        term.send("tty; stty size; echo mark-$((6*7))\n")
+        out = term.read_until("mark-42").decode()
+        assert "/dev/pts/" in out and "30 100" in out
+        term.resize(40, 132)
+        term.send("stty size; echo mark-$((6*8))\n")
+        assert "40 132" in term.read_until("mark-48").decode()
+        term.send("exit 5\n")
+        assert term.wait()["exit_code"] == 5 and term.exit_code == 5
+
+
+def test_terminal_signal_reaches_the_foreground_job(sb):
+    with sb.terminal(["sh", "-i"], timeout=120) as term:
+        # The foreground job runs until the test signals it (once it is seen running); the shell survives.
+        term.send("sleep 300\n")
+        while not sb.exec("pidof sleep").ok:
+            pass
+        term.signal("INT")
+        term.send("echo status-$?\n")
+        term.read_until("status-130")
+        term.send("exit 0\n")
+        assert term.wait()["exit_code"] == 0
+
+
+def test_terminal_eof_and_kill(sb):
+    with sb.terminal(["cat"], timeout=120) as term:
+        term.send("typed\n")
+        assert b"typed" in term.read_until("typed")
+        term.eof()
+        assert term.wait()["exit_code"] == 0
+    with sb.terminal(["sleep", "300"], timeout=120) as term:
+        term.signal("KILL")
+        exit = term.wait()
+        assert exit["signal"] == 9 and exit["exit_code"] == 137
+
+
+def test_terminal_timeout_and_bad_requests(sb):
+    with sb.terminal(["sleep", "300"], timeout=1) as term:
+        assert term.wait()["timed_out"]
+    with pytest.raises(ValueError):
+        sb.terminal(rows=0)
+    with sb.terminal(["/no/such/program"]) as term:
+        assert term.wait()["exit_code"] == 127  # as a shell reports it
+
+
+def test_pause_and_destroy_end_terminals(client, dsec):
+    box = client.create(image=dsec.image, labels={"suite": "pydsec-interactive"})
+    try:
+        term = box.terminal(["sh"], timeout=120)
+        term.send("echo up\n")
+        term.read_until("up")
+        box.pause()
+        exit = term.wait(timeout=30)
+        assert exit["signal"] == 9
+        box.resume()
+        term = box.terminal(["sh"], timeout=120)
+        term.send("echo up\n")
+        term.read_until("up")
+    finally:
+        box.destroy()
+    assert term.wait(timeout=30)["exit_code"] != 0

@@ -1,6 +1,7 @@
 // Signals and window changes for a running container exec (CommandControl.h).
 #include "CommandControl.h"
 
+#include <poll.h>
 #include <signal.h>
 #include <sys/ioctl.h>
 #include <termios.h>
@@ -36,10 +37,15 @@ Status CommandControl::signal(int sig) {
   return okStatus();
 }
 
-bool CommandControl::hangUp() {
-  std::lock_guard lock(mu_);
-  if (ended_) return false;
-  kill(-pid_, SIGKILL);
+bool CommandControl::hangUp(double wait_seconds) {
+  {
+    std::lock_guard lock(mu_);
+    if (ended_) return false;
+    kill(-pid_, SIGKILL);
+  }
+  // The pidfd stays valid (ours) whether or not the pump reaps meanwhile: readable once the leader exited.
+  pollfd p{pidfd_.get(), POLLIN, 0};
+  (void)poll(&p, 1, static_cast<int>(wait_seconds * 1000));
   return true;
 }
 

@@ -14,20 +14,23 @@ namespace dsec::backends {
 
 class CommandControl : public ExecControl {
  public:
-  // master: a copy of the terminal's master end (invalid without a terminal).
-  CommandControl(pid_t pid, UniqueFd master) : pid_(pid), master_(std::move(master)) {}
+  // master: a copy of the terminal's master end (invalid without a terminal); pidfd: a copy of the command's.
+  CommandControl(pid_t pid, UniqueFd pidfd, UniqueFd master)
+      : pid_(pid), pidfd_(std::move(pidfd)), master_(std::move(master)) {}
 
   Status resize(int rows, int cols) override;
   Status signal(int sig) override;
   bool terminal() const { return master_.get() >= 0; }
-  // A terminal's hangup (the sandbox is paused or destroyed): its command's group is killed; true if it ran.
-  bool hangUp();
+  // A terminal's hangup (the sandbox is about to be paused): its command's group is killed, and its leader waited
+  // for (at most wait_seconds), so a freeze cannot catch it with the kill pending; true if it ran.
+  bool hangUp(double wait_seconds);
   // The command exited (it is about to be reaped).
   void ended();
 
  private:
   std::mutex mu_;
   const pid_t pid_;
+  UniqueFd pidfd_;
   UniqueFd master_;
   bool ended_ = false;
 };

@@ -482,7 +482,8 @@ Result<ExecResult> ContainerSandbox::run(const ExecRequest& request, ExecSink* s
   } else {
     pump.attach(std::move(stdin_fd), std::move(out.read_end), std::move(err.read_end));
   }
-  auto control = std::make_shared<CommandControl>(cmd.pid, std::move(control_master));
+  auto control = std::make_shared<CommandControl>(cmd.pid, UniqueFd(fcntl(cmd.pidfd.get(), F_DUPFD_CLOEXEC, 3)),
+                                                  std::move(control_master));
   if (request.tty) trackTerminal(control);
   if (sink != nullptr && !sink->onStarted(control)) pump.stop();
   auto pumped = pump.untilExit();
@@ -508,7 +509,7 @@ void ContainerSandbox::trackTerminal(const std::shared_ptr<CommandControl>& cont
 
 void ContainerSandbox::hangUpTerminalsLocked() {
   for (auto& weak : terminals_) {
-    if (auto t = weak.lock()) t->hangUp();
+    if (auto t = weak.lock()) t->hangUp(2);
   }
   terminals_.clear();
 }

@@ -175,6 +175,25 @@ void HttpExchange::sendText(int status, const std::string& content_type, std::st
   if (ec) broken_ = true;
 }
 
+bool HttpExchange::switchProtocols(const Fields& extra, std::string* early) {
+  if (responded() || broken_) return false;
+  http::response<http::empty_body> res{http::status::switching_protocols, 11};
+  res.set(http::field::server, "dsec");
+  for (const auto& [k, v] : extra) res.set(k, v);
+  status_ = 101;
+  keep_alive_ = false;
+  boost::system::error_code ec;
+  http::write(stream_, res, ec);
+  if (ec) {
+    broken_ = true;
+    return false;
+  }
+  auto data = buffer_.data();
+  early->assign(static_cast<const char*>(data.data()), data.size());
+  buffer_.consume(data.size());
+  return true;
+}
+
 void HttpExchange::sendJson(int status, const json& body, const Fields& extra) {
   sendText(status, "application/json", dumpJson(body) + "\n", extra);
 }

@@ -86,6 +86,7 @@ class SocketStream {
 
   void setTimeoutMs(int ms) { timeout_ms_ = ms; }
   int fd() const { return fd_; }
+  int stopFd() const { return stop_fd_; }
 
   // Every wait ends by this monotonic time (seconds; 0: none): past it, reads and writes fail with timed_out
   // and deadlineExpired() is true. The per-wait inactivity timeout still applies.
@@ -172,6 +173,14 @@ class HttpExchange {
                    const Fields& extra = {});
   bool writeStream(const char* data, size_t size);
   bool endStream();
+
+  // Answers 101 Switching Protocols (with extra, e.g. Upgrade and Sec-WebSocket-Accept) and hands the connection
+  // over: it carries no more HTTP. *early gets the bytes the client sent after the head, already read; false if
+  // the answer could not be written. The caller then owns socketFd()'s I/O until it returns.
+  bool switchProtocols(const Fields& extra, std::string* early);
+  int socketFd() const { return stream_.fd(); }
+  // Readable once the server stops (a handler that owns the socket waits on it too).
+  int stopFd() const { return stream_.stopFd(); }
 
   bool responded() const { return status_ != 0; }
   int status() const { return status_; }
