@@ -82,7 +82,9 @@ void Gateway::forwardToSandbox(HttpExchange& ex, const std::string& sandbox_id) 
                             (node.empty() ? "" : ": no node '" + node + "' in fleet " + options_.fleet_name));
   }
   if (ref->state == NodeState::kLost) return sendLost(ex, *ref, sandbox_id);
-  auto st = fleet::forward(ex, ref->endpoint, options_.token, callOptions(*ref, options_.io_timeout_ms));
+  auto st = fleet::isUpgradeRequest(ex)
+                ? fleet::tunnelUpgrade(ex, ref->endpoint, options_.token, callOptions(*ref, options_.io_timeout_ms))
+                : fleet::forward(ex, ref->endpoint, options_.token, callOptions(*ref, options_.io_timeout_ms));
   if (!st.ok() && !ex.responded()) {
     auto now_ref = nodeRef(node);
     if (now_ref && now_ref->state == NodeState::kLost) return sendLost(ex, *now_ref, sandbox_id);

@@ -33,6 +33,14 @@ Status forward(HttpExchange& ex, const std::string& endpoint, const std::string&
                const client::CallOptions& options, const std::string* pre_read_body = nullptr, int hold_back_status = 0,
                std::optional<client::HttpReply>* held_back = nullptr);
 
+// Whether the client asks to switch to WebSocket (the terminal route).
+bool isUpgradeRequest(const HttpExchange& ex);
+// Tunnels a WebSocket upgrade to the node: the handshake goes there with the fleet's token; a 101 is passed on
+// and then bytes flow both ways, unparsed, until either side closes; another answer is relayed as it is.
+// Returns an error only when nothing was sent to the client (the caller answers, e.g. 503).
+Status tunnelUpgrade(HttpExchange& ex, const std::string& endpoint, const std::string& token,
+                     const client::CallOptions& options);
+
 // A node's registration with the fleet's gateways (every candidate; they are active-active and each keeps its
 // own node table): POST /v1/fleet/nodes to each every `interval` seconds, one thread per gateway so that a dead
 // one never delays the others, with its name, endpoint, capacity, and from its own GET /v1/node its backends,
