@@ -49,6 +49,8 @@ ErrorCode codeForStatus(unsigned status) {
   }
 }
 
+}  // namespace
+
 // "404 not_found: no sandbox n0-12" from the error body of docs/api.md, or the raw body if it is not JSON.
 Error errorFromResponse(unsigned status, const std::string& body) {
   std::string text = std::to_string(status);
@@ -63,7 +65,6 @@ Error errorFromResponse(unsigned status, const std::string& body) {
   return Error(codeForStatus(status), text);
 }
 
-}  // namespace
 
 Result<FleetAddress> resolveFleet(const std::string& fleet, bool prefer_file) {
   const char* endpoint = std::getenv("DSEC_ENDPOINT");

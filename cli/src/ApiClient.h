@@ -23,6 +23,9 @@ Result<FleetAddress> resolveFleet(const std::string& fleet, bool prefer_file);
 // Percent-encodes a query parameter value.
 std::string urlEncode(const std::string& text);
 
+// "404 not_found: no sandbox n0-12" from an API error body (docs/api.md), or the raw body if it is not JSON.
+Error errorFromResponse(unsigned status, const std::string& body);
+
 enum class HttpMethod { kGet, kPost, kPut, kDelete };
 
 class ApiClient {

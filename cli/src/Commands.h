@@ -8,6 +8,7 @@ namespace dsec::cli {
 int cmdServe(const Invocation& inv);
 int cmdRun(const Invocation& inv);
 int cmdExec(const Invocation& inv);
+int cmdShell(const Invocation& inv);
 int cmdCall(const Invocation& inv);
 int cmdLs(const Invocation& inv);
 int cmdRm(const Invocation& inv);

@@ -20,6 +20,7 @@ const Command kCommands[] = {
     {"serve", dsec::cli::cmdServe, "run the embedded single-node fleet (node agent + HTTP API)"},
     {"run", dsec::cli::cmdRun, "create a sandbox; with -- CMD, run it, print its output and destroy the sandbox"},
     {"exec", dsec::cli::cmdExec, "run a command in a sandbox, streaming its output"},
+    {"shell", dsec::cli::cmdShell, "an interactive terminal in a sandbox (its login shell, or -- CMD)"},
     {"call", dsec::cli::cmdCall, "run code once on the fncall backend (warm, stateless)"},
     {"ls", dsec::cli::cmdLs, "list sandboxes"},
     {"rm", dsec::cli::cmdRm, "destroy sandboxes"},

@@ -176,3 +176,63 @@ def test_pause_and_destroy_end_terminals(client, dsec):
     finally:
         box.destroy()
     assert term.wait(timeout=30)["exit_code"] != 0
+
+
+def test_dsec_shell_through_a_pty(sb, dsec):
+    """`dsec shell` as a user runs it: on a terminal of ours (a pty the test holds), raw mode while it runs and
+    restored after, our window size and its changes (SIGWINCH) passed on, the command's exit code."""
+    import fcntl
+    import os
+    import select
+    import struct
+    import termios
+
+    master, slave = os.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 90, 0, 0))
+    before = termios.tcgetattr(slave)
+    env = dict(os.environ, DSEC_ENDPOINT=dsec.endpoint, DSEC_TOKEN=dsec.token, TERM="xterm")
+    pid = os.fork()
+    if pid == 0:  # the child: a session whose controlling terminal is the pty, as in a real terminal
+        try:
+            os.setsid()
+            fcntl.ioctl(slave, termios.TIOCSCTTY, 0)
+            for fd in (0, 1, 2):
+                os.dup2(slave, fd)
+            os.execve(dsec.bin, [dsec.bin, "shell", sb.id, "--", "sh"], env)
+        finally:
+            os._exit(127)
+    out = bytearray()
+
+    def read_until(marker: bytes) -> bytes:
+        start = len(out)
+        while marker not in out[start:]:
+            ready, _, _ = select.select([master], [], [], 60)
+            assert ready, f"no {marker!r} from dsec shell; got {bytes(out[start:])!r}"
+            try:
+                data = os.read(master, 65536)
+            except OSError:
+                data = b""
+            assert data, f"dsec shell ended before {marker!r}; got {bytes(out[start:])!r}"
+            out.extend(data)
+        return bytes(out[start:])
+
+    try:
+        read_until(b"# ")  # the shell's prompt: dsec has the terminal in raw mode by then
+        os.write(master, b"stty size; tty; echo m-$((1+1))\n")
+        got = read_until(b"m-2").decode(errors="replace")
+        assert "30 90" in got and "/dev/pts/" in got
+        assert not termios.tcgetattr(slave)[3] & termios.ICANON  # raw mode while it runs
+        fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 120, 0, 0))  # dsec gets SIGWINCH
+        os.write(master, b"stty size; echo m-$((2+1))\n")
+        assert "50 120" in read_until(b"m-3").decode(errors="replace")
+        os.write(master, b"exit 4\n")
+        _, status = os.waitpid(pid, 0)
+        pid = 0
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 4
+        assert termios.tcgetattr(slave) == before  # the terminal is as dsec found it
+    finally:
+        if pid:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+        os.close(master)
+        os.close(slave)
