@@ -7,12 +7,14 @@ a time), so a writer waiting on a command that does not read never blocks the lo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import ssl
 from typing import Any, Dict, List, Optional, Tuple, Union
 from urllib.parse import urlsplit
 
 from . import _validate as v
+from . import _websocket as _ws
 from ._http import USER_AGENT
 from .errors import ConflictError, DsecConnectionError, DsecTimeoutError, ServerError, error_from_code, \
     error_from_response
@@ -311,4 +313,185 @@ class AsyncExecStream:
         await self.aclose()
 
 
-__all__ = ["AsyncExecStream", "AsyncStdinWriter", "ConflictError"]
+
+
+class AsyncTerminal:
+    """:class:`pydsec.Terminal` for asyncio, on the loop's own streams: ``await send(data)``, ``await recv()``
+    (b"" once it exited), ``await resize(rows, cols)``, ``await signal("INT")``, ``await eof()``,
+    ``await wait()`` (the exit dict, also in ``exit``), ``await aclose()``."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, early: bytes):
+        from ._websocket import Decoder
+        self._reader = reader
+        self._writer = writer
+        self._decoder = Decoder(masked=False)
+        self._decoder.feed(early)
+        self.exit: Optional[Dict[str, Any]] = None
+        self.output = bytearray()
+        self.started = False
+        self._ended = False
+        self._closed = False
+
+    @property
+    def exit_code(self) -> Optional[int]:
+        return None if self.exit is None else self.exit.get("exit_code")
+
+    async def _frame(self, op: int, payload: bytes) -> None:
+        from ._websocket import encode_frame
+        if self._closed:
+            raise ValueError("the terminal is closed")
+        try:
+            self._writer.write(encode_frame(op, payload))
+            await self._writer.drain()
+        except OSError as e:
+            raise DsecConnectionError(f"terminal: connection lost: {e}") from None
+
+    async def send(self, data: Union[bytes, str]) -> None:
+        if isinstance(data, str):
+            data = data.encode("utf-8")
+        for off in range(0, len(data), 32 * 1024):
+            await self._frame(2, bytes(data[off:off + 32 * 1024]))
+
+    async def _control(self, doc: Dict[str, Any]) -> None:
+        await self._frame(1, json.dumps(doc).encode("utf-8"))
+
+    async def resize(self, rows: int, cols: int) -> None:
+        for name, value in (("rows", rows), ("cols", cols)):
+            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 4096:
+                raise ValueError(f"{name} must be an int in 1..4096")
+        await self._control({"type": "resize", "rows": rows, "cols": cols})
+
+    async def signal(self, sig: Union[str, int]) -> None:
+        await self._control({"type": "signal", "signal": sig})
+
+    async def eof(self) -> None:
+        await self._control({"type": "eof"})
+
+    async def _step(self) -> Optional[bytes]:
+        while True:
+            msg = self._decoder.next()
+            if msg is not None:
+                break
+            if self._ended:
+                return b""
+            try:
+                data = await self._reader.read(65536)
+            except OSError as e:
+                raise DsecConnectionError(f"terminal: connection lost: {e}") from None
+            if not data:
+                self._ended = True
+                if self.exit is None:
+                    raise DsecConnectionError("terminal: the connection closed before the exit")
+                return b""
+            self._decoder.feed(data)
+        op, payload = msg
+        if op == 2:
+            self.output += payload
+            return payload
+        if op == 1:
+            doc = json.loads(payload.decode("utf-8"))
+            if doc.get("type") == "started":
+                self.started = True
+            elif doc.get("type") == "exit":
+                self.exit = doc
+            elif doc.get("type") == "error":
+                if not self.started:
+                    self._ended = True
+                    await self.aclose()
+                raise error_from_code(None, str(doc.get("code", "internal")), str(doc.get("message", "")), doc)
+            return None
+        if op == 9:
+            await self._frame(10, payload)
+            return None
+        if op == 8:
+            self._ended = True
+            if not self._closed:
+                with contextlib.suppress(OSError):
+                    self._writer.write(_ws.encode_frame(8, payload[:2]))
+            return b""
+        return None
+
+    async def recv(self, timeout: Optional[float] = None) -> bytes:
+        while True:
+            try:
+                data = await asyncio.wait_for(self._step(), timeout)
+            except asyncio.TimeoutError:
+                raise DsecTimeoutError(f"terminal: no output within {timeout} s") from None
+            if data is not None:
+                return data
+
+    async def read_until(self, marker: Union[bytes, str], timeout: Optional[float] = 30.0) -> bytes:
+        if isinstance(marker, str):
+            marker = marker.encode("utf-8")
+        start = len(self.output)
+        while marker not in bytes(self.output[start:]):
+            if not await self.recv(timeout):
+                raise ServerError(f"terminal ended before {marker!r} appeared")
+        return bytes(self.output[start:])
+
+    async def wait(self, timeout: Optional[float] = None) -> Dict[str, Any]:
+        while await self.recv(timeout):
+            pass
+        if self.exit is None:
+            raise ServerError("terminal ended without an exit message")
+        return self.exit
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        from ._websocket import encode_frame
+        with contextlib.suppress(OSError, ConnectionError):
+            if not self._ended:
+                self._writer.write(encode_frame(8, (1000).to_bytes(2, "big")))
+                await self._writer.drain()
+        self._writer.close()
+        with contextlib.suppress(OSError, ssl.SSLError, ConnectionError):
+            await self._writer.wait_closed()
+
+    async def __aenter__(self) -> "AsyncTerminal":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
+
+
+async def open_terminal(endpoint: str, token: str, target: str, connect_timeout: Optional[float],
+                        timeout: Optional[float]) -> AsyncTerminal:
+    from ._websocket import check_handshake, handshake_request
+    request, key, host, port, https, _ = handshake_request(endpoint, target, token)
+    ctx = ssl.create_default_context() if https else None
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port, ssl=ctx), connect_timeout)
+    except (OSError, asyncio.TimeoutError) as e:
+        raise DsecConnectionError(f"cannot reach the dsec fleet at {endpoint}: {e or 'timed out'}") from None
+    try:
+        writer.write(request)
+        await writer.drain()
+        raw = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout)
+        head = raw[:-4]
+        body = b""
+        if not head.startswith(b"HTTP/1.1 101"):
+            length = 0
+            for line in head.decode("latin-1").split("\r\n")[1:]:
+                if line.lower().startswith("content-length:"):
+                    length = int(line.split(":", 1)[1].strip() or 0)
+            body = await asyncio.wait_for(reader.readexactly(length), timeout) if length else b""
+        check_handshake(head, body, key)
+        term = AsyncTerminal(reader, writer, b"")
+        while not term.started:
+            if not await term.recv(timeout) and term._ended:
+                break
+        return term
+    except asyncio.TimeoutError:
+        writer.close()
+        raise DsecTimeoutError(f"terminal: no answer from {endpoint} within {timeout} s") from None
+    except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError) as e:
+        writer.close()
+        raise DsecConnectionError(f"terminal: handshake with {endpoint} failed: {e}") from None
+    except BaseException:
+        writer.close()
+        raise
+
+
+__all__ = ["AsyncExecStream", "AsyncStdinWriter", "AsyncTerminal", "open_terminal", "ConflictError"]

@@ -173,6 +173,17 @@ class Sandbox:
                                   output_cap=output_cap)
         return ExecStream(self._client, start)
 
+    async def terminal(self, cmd: Optional[_sync.Cmd] = None, rows: int = 24, cols: int = 80,
+                       timeout: Optional[float] = None, cwd: Optional[str] = None,
+                       term: Optional[str] = None) -> "_aio_stream.AsyncTerminal":
+        """See :meth:`pydsec.Sandbox.terminal`; the session runs on the loop's own streams."""
+        from . import _websocket
+        if cwd is not None:
+            v.abs_path("cwd", cwd)
+        target = _websocket.terminal_target(self._sync._path, cmd, rows, cols, timeout, cwd, term)
+        t = self._sync._client._transport
+        return await _aio_stream.open_terminal(t.endpoint, t._token, target, t.connect_timeout, t.timeout)
+
     async def write_file(self, path: str, data: Union[bytes, str], mode: Union[None, int, str] = None) -> Dict:
         return await self._client._run(self._sync.write_file, path, data, mode)
 

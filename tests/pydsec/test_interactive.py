@@ -236,3 +236,22 @@ def test_dsec_shell_through_a_pty(sb, dsec):
             os.waitpid(pid, 0)
         os.close(master)
         os.close(slave)
+
+
+def test_aio_terminal(dsec):
+    import asyncio
+
+    import pydsec.aio
+
+    async def main():
+        async with pydsec.aio.Client(endpoint=dsec.endpoint, token=dsec.token) as c:
+            async with c.create(image=dsec.image, labels={"suite": "aio-interactive"}) as box:
+                async with await box.terminal(["sh"], rows=20, cols=60, timeout=60) as term:
+                    await term.send("stty size; echo m-$((3*3))\n")
+                    assert "20 60" in (await term.read_until("m-9")).decode()
+                    await term.resize(21, 61)
+                    await term.send("stty size; exit 6\n")
+                    exit = await term.wait()
+                    assert exit["exit_code"] == 6 and "21 61" in term.output.decode()
+
+    asyncio.run(main())
