@@ -65,7 +65,6 @@ Error errorFromResponse(unsigned status, const std::string& body) {
   return Error(codeForStatus(status), text);
 }
 
-
 Result<FleetAddress> resolveFleet(const std::string& fleet, bool prefer_file) {
   const char* endpoint = std::getenv("DSEC_ENDPOINT");
   const char* token = std::getenv("DSEC_TOKEN");
@@ -143,8 +142,8 @@ Result<json> ApiClient::postBytes(const std::string& target, const std::string& 
   DSEC_TRY(impl_->parsed_endpoint);
   launcher::client::CallOptions options = impl_->options;
   options.headers.emplace_back("Content-Type", "application/octet-stream");
-  auto reply = launcher::client::call(impl_->address.endpoint, http::verb::post, target, impl_->address.token, data,
-                                      options);
+  auto reply =
+      launcher::client::call(impl_->address.endpoint, http::verb::post, target, impl_->address.token, data, options);
   if (!reply.ok()) return impl_->unreachable(reply.error());
   if (reply->status < 200 || reply->status >= 300) return errorFromResponse(reply->status, reply->body);
   json parsed = json::parse(reply->body, nullptr, false);

@@ -5,10 +5,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <iostream>
 #include <memory>
 #include <thread>
-
-#include <iostream>
 
 #include "dsec/common/Fd.h"
 #include "dsec/common/FdIo.h"
@@ -68,21 +67,22 @@ Result<nlohmann::json> streamExec(ApiClient& client, const std::string& id, cons
   if (forward_stdin) request["stdin_stream"] = true;
   std::unique_ptr<StdinForwarder> forwarder;
   const double exec_timeout = body.value("timeout", 0.0);
-  auto result = client.stream("/v1/sandboxes/" + urlEncode(id) + "/exec/stream", request, [&](const nlohmann::json& line) {
-    if (!line.is_object()) return;
-    if (forward_stdin && !forwarder && line.value("started", false) && line.contains("exec_id") &&
-        line["exec_id"].is_string()) {
-      forwarder = std::make_unique<StdinForwarder>(
-          client, "/v1/sandboxes/" + urlEncode(id) + "/exec/" + line["exec_id"].get<std::string>() + "/stdin", 10,
-          exec_timeout > 0 ? exec_timeout + 30 : 0);
-    }
-    if (line.contains("stdout") && line["stdout"].is_string() && !line.contains("done")) {
-      printAll(STDOUT_FILENO, line["stdout"].get<std::string>());
-    }
-    if (line.contains("stderr") && line["stderr"].is_string() && !line.contains("done")) {
-      printAll(STDERR_FILENO, line["stderr"].get<std::string>());
-    }
-  });
+  auto result =
+      client.stream("/v1/sandboxes/" + urlEncode(id) + "/exec/stream", request, [&](const nlohmann::json& line) {
+        if (!line.is_object()) return;
+        if (forward_stdin && !forwarder && line.value("started", false) && line.contains("exec_id") &&
+            line["exec_id"].is_string()) {
+          forwarder = std::make_unique<StdinForwarder>(
+              client, "/v1/sandboxes/" + urlEncode(id) + "/exec/" + line["exec_id"].get<std::string>() + "/stdin", 10,
+              exec_timeout > 0 ? exec_timeout + 30 : 0);
+        }
+        if (line.contains("stdout") && line["stdout"].is_string() && !line.contains("done")) {
+          printAll(STDOUT_FILENO, line["stdout"].get<std::string>());
+        }
+        if (line.contains("stderr") && line["stderr"].is_string() && !line.contains("done")) {
+          printAll(STDERR_FILENO, line["stderr"].get<std::string>());
+        }
+      });
   forwarder.reset();
   return result;
 }

@@ -1,7 +1,7 @@
 // `dsec serve` as a subprocess on a free port, driven by `dsec run/exec/ls/pause/resume/rm` through
 // DSEC_ENDPOINT/DSEC_TOKEN and through the fleet file. As root (real container sandboxes).
-#include <gtest/gtest.h>
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>
 

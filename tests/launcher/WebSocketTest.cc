@@ -1,11 +1,11 @@
 // RFC 6455 framing and handshake (launcher/api WebSocket.h): masking both ways, fragmentation with control
 // frames between fragments, close payloads, and what is refused (unmasked client frames, oversize messages
 // before they are buffered, bad control frames, reserved bits, stray continuations).
-#include "dsec/launcher/api/WebSocket.h"
-
 #include <gtest/gtest.h>
 
 #include <string>
+
+#include "dsec/launcher/api/WebSocket.h"
 
 namespace dsec::launcher::ws {
 namespace {

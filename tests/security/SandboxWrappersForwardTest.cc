@@ -159,8 +159,8 @@ class RecordingSandbox : public Sandbox {
     std::string s;
     for (const auto& a : r.argv) s += a + ",";
     s += " cwd=" + r.cwd + " stdin=" + r.stdin_data + " stdin_fd=" + std::to_string(r.stdin_fd) +
-         " timeout=" + std::to_string(r.timeout_seconds) + " cap=" + std::to_string(r.output_cap) + " tty=" + std::to_string(r.tty) + ":" +
-         std::to_string(r.tty_rows) + "x" + std::to_string(r.tty_cols);
+         " timeout=" + std::to_string(r.timeout_seconds) + " cap=" + std::to_string(r.output_cap) +
+         " tty=" + std::to_string(r.tty) + ":" + std::to_string(r.tty_rows) + "x" + std::to_string(r.tty_cols);
     for (const auto& [k, v] : r.env) s += " " + k + "=" + v;
     return s;
   }

@@ -62,8 +62,8 @@ TEST_F(ContainerTest, ASandboxsTerminalCannotReachAHostTerminal) {
   int injected = -1, refused = -1;
   auto at = sink.out.find("dev ");
   ASSERT_NE(at, std::string::npos) << sink.out;
-  ASSERT_EQ(sscanf(sink.out.c_str() + at, "dev %lu rdev %lu fs %lx injected %d refused %d", &dev, &rdev, &fs,
-                   &injected, &refused),
+  ASSERT_EQ(sscanf(sink.out.c_str() + at, "dev %lu rdev %lu fs %lx injected %d refused %d", &dev, &rdev, &fs, &injected,
+                   &refused),
             5)
       << sink.out;
   EXPECT_EQ(fs, static_cast<unsigned long>(DEVPTS_SUPER_MAGIC)) << "its terminal is not a pty";

@@ -4,8 +4,8 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/syscall.h>
-#include <termios.h>
 #include <sys/wait.h>
+#include <termios.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -65,7 +65,8 @@ Status validateRequest(const ExecRequest& r) {
   if (r.timeout_seconds < 0) return Error::invalid("timeout must not be negative");
   if (r.output_cap < 0) return Error::invalid("output cap must not be negative");
   if (r.stdin_fd >= 0 && fcntl(r.stdin_fd, F_GETFD) < 0) return Error::invalid("stdin fd is not open");
-  if (r.tty && !r.stdin_data.empty()) return Error::invalid("a terminal exec takes its input as a stream, not stdin data");
+  if (r.tty && !r.stdin_data.empty())
+    return Error::invalid("a terminal exec takes its input as a stream, not stdin data");
   if (r.tty && !validTerminalSize(r.tty_rows, r.tty_cols)) {
     return Error::invalid("terminal size must be 1..4096 rows and columns");
   }
@@ -354,8 +355,8 @@ class CommandPump {
   Stream streams_[2];  // stdout, stderr
   UniqueFd stdin_fd_;
   size_t stdin_off_ = 0;
-  UniqueFd term_in_;     // terminal execs: the master end input is typed into
-  int input_fd_ = -1;    // terminal execs: the caller's input stream (theirs), -1 once at EOF
+  UniqueFd term_in_;        // terminal execs: the master end input is typed into
+  int input_fd_ = -1;       // terminal execs: the caller's input stream (theirs), -1 once at EOF
   std::string pending_in_;  // read from input_fd_, not yet taken by the terminal
   bool killed_ = false;
 };

@@ -27,7 +27,8 @@ Result<TerminalPair> openSandboxTerminal(int root_fd, int rows, int cols) {
   if (!master) return Error::sys(errno, "open the sandbox's /dev/pts/ptmx");
   struct statfs fs {};
   struct stat st {};
-  if (fstatfs(master.get(), &fs) < 0 || fstat(master.get(), &st) < 0) return Error::sys(errno, "stat the sandbox's ptmx");
+  if (fstatfs(master.get(), &fs) < 0 || fstat(master.get(), &st) < 0)
+    return Error::sys(errno, "stat the sandbox's ptmx");
   if (fs.f_type != DEVPTS_SUPER_MAGIC || !S_ISCHR(st.st_mode)) {
     return Error(ErrorCode::kConflict, "the sandbox's /dev/pts/ptmx is not a devpts ptmx; no terminal");
   }

@@ -46,8 +46,8 @@ Result<SpawnedProcess> spawnInitStage(const InitSpawnRequest& request, Spawner* 
 struct CommandSpawnRequest {
   std::vector<int> procs_fds;  // the sandbox cgroup's files, opened for writing
   int init_pidfd = -1;
-  int namespace_flags = 0;      // what to setns into besides the user namespace
-  bool user_namespace = false;  // join the sandbox's user namespace and become its root
+  int namespace_flags = 0;       // what to setns into besides the user namespace
+  bool user_namespace = false;   // join the sandbox's user namespace and become its root
   bool controlling_tty = false;  // stdin is the sandbox's terminal: the command's session takes it
   int stdin_fd = -1, stdout_fd = -1, stderr_fd = -1;
   std::string cwd;

@@ -52,7 +52,8 @@ int signalNumber(const json& value) {
 
 class TerminalSession : public backends::ExecSink {
  public:
-  TerminalSession(int fd, int stop_fd, UniqueFd input_write) : fd_(fd), stop_fd_(stop_fd), input_(std::move(input_write)) {
+  TerminalSession(int fd, int stop_fd, UniqueFd input_write)
+      : fd_(fd), stop_fd_(stop_fd), input_(std::move(input_write)) {
     ended_ = UniqueFd(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   }
 
@@ -157,7 +158,8 @@ class TerminalSession : public backends::ExecSink {
   bool control(const std::string& text) {
     json j = json::parse(text, nullptr, false);
     if (!j.is_object() || !j.contains("type") || !j["type"].is_string()) {
-      return reply({{"type", "error"}, {"code", "invalid"}, {"message", "control messages are JSON objects with a type"}});
+      return reply(
+          {{"type", "error"}, {"code", "invalid"}, {"message", "control messages are JSON objects with a type"}});
     }
     const std::string type = j["type"].get<std::string>();
     std::shared_ptr<backends::ExecControl> c;
@@ -169,7 +171,8 @@ class TerminalSession : public backends::ExecSink {
       input_.reset();  // the pump types the terminal's end-of-file character
       return true;
     }
-    if (c == nullptr) return reply({{"type", "error"}, {"code", "conflict"}, {"message", "the command is not running"}});
+    if (c == nullptr)
+      return reply({{"type", "error"}, {"code", "conflict"}, {"message", "the command is not running"}});
     Status st = okStatus();
     if (type == "resize") {
       if (!j.contains("rows") || !j.contains("cols") || !j["rows"].is_number_integer() ||
@@ -184,7 +187,8 @@ class TerminalSession : public backends::ExecSink {
       }
       st = c->signal(sig);
     } else {
-      return reply({{"type", "error"}, {"code", "invalid"}, {"message", "unknown control message type '" + type + "'"}});
+      return reply(
+          {{"type", "error"}, {"code", "invalid"}, {"message", "unknown control message type '" + type + "'"}});
     }
     if (!st.ok()) {
       auto [status, code] = httpStatusFor(st.error().code());
@@ -263,7 +267,8 @@ Result<backends::ExecRequest> terminalRequest(const QueryParams& q) {
     const std::string text = q.get(name);
     char* end = nullptr;
     long v = std::strtol(text.c_str(), &end, 10);
-    if (text.empty() || *end != '\0' || v < 1 || v > 4096) return Error::invalid(std::string(name) + ": expected 1..4096");
+    if (text.empty() || *end != '\0' || v < 1 || v > 4096)
+      return Error::invalid(std::string(name) + ": expected 1..4096");
     return static_cast<int>(v);
   };
   DSEC_ASSIGN_OR_RETURN(req.tty_rows, intParam("rows", 24));
@@ -300,9 +305,9 @@ void ApiServer::terminal(HttpExchange& ex, const RouteMatch& m) {
   UniqueFd input_read(fds[0]), input_write(fds[1]);
   req->stdin_fd = input_read.get();
   std::string early;
-  if (!ex.switchProtocols({{"Upgrade", "websocket"}, {"Connection", "Upgrade"},
-                           {"Sec-WebSocket-Accept", ws::acceptKey(*key)}},
-                          &early)) {
+  if (!ex.switchProtocols(
+          {{"Upgrade", "websocket"}, {"Connection", "Upgrade"}, {"Sec-WebSocket-Accept", ws::acceptKey(*key)}},
+          &early)) {
     return;
   }
   agent_->metrics().execs_total++;

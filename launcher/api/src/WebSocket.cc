@@ -25,7 +25,7 @@ bool listsToken(std::string_view value, std::string_view token) {
     while (!item.empty() && (item.front() == ' ' || item.front() == '\t')) item.remove_prefix(1);
     while (!item.empty() && (item.back() == ' ' || item.back() == '\t')) item.remove_suffix(1);
     if (boost::beast::iequals(boost::beast::string_view(item.data(), item.size()),
-                               boost::beast::string_view(token.data(), token.size()))) {
+                              boost::beast::string_view(token.data(), token.size()))) {
       return true;
     }
     start = end + 1;
