@@ -23,7 +23,7 @@ struct {
 
 struct {
   __uint(type, BPF_MAP_TYPE_LPM_TRIE);
-  __uint(max_entries, 262144);
+  __uint(max_entries, 1048576); /* 256 rules per sandbox at most, two generations during a change */
   __type(key, struct dsec_egress_allow_key);
   __type(value, __u8);
   __uint(map_flags, BPF_F_NO_PREALLOC);
@@ -31,7 +31,7 @@ struct {
 
 struct {
   __uint(type, BPF_MAP_TYPE_HASH);
-  __uint(max_entries, 262144);
+  __uint(max_entries, 1048576); /* 256 per sandbox at most (EgressFilter::kMaxResolvedPerSandbox) */
   __type(key, struct dsec_egress_resolved_key);
   __type(value, struct dsec_egress_resolved);
   __uint(map_flags, BPF_F_NO_PREALLOC);

@@ -17,6 +17,7 @@
 #include <cerrno>
 #include <cstring>
 #include <ctime>
+#include <iterator>
 
 #include "EgressMaps.h"
 #include "dsec/common/Directory.h"
@@ -389,8 +390,14 @@ Status EgressFilter::installResolved(uint64_t netns_cookie, SandboxPolicy& polic
   key.generation = policy.generation;
   key.ip4 = htonl(ip4);
   key.port = htons(port);
-  double expiry = bootSeconds() + ttl_seconds;
+  const double now = bootSeconds();
+  double expiry = now + ttl_seconds;
   auto known = policy.resolved.find({ip4, port});
+  if (known == policy.resolved.end() && policy.resolved.size() >= kMaxResolvedPerSandbox) {
+    // A sandbox that resolves ever new names (its own wildcard domain) makes room in its own entries only: the
+    // expired ones, else the one that runs out first. The map is the node's; no sandbox may fill it for the others.
+    dropResolved(netns_cookie, policy, now);
+  }
   if (known != policy.resolved.end()) expiry = std::max(expiry, known->second);  // a shorter answer never cuts
   dsec_egress_resolved value{static_cast<uint64_t>(expiry * 1e9)};
   if (bpf_map_update_elem(bpf_map__fd(skeleton_->maps.resolved), &key, &value, BPF_ANY) != 0) {
@@ -398,6 +405,26 @@ Status EgressFilter::installResolved(uint64_t netns_cookie, SandboxPolicy& polic
   }
   policy.resolved[{ip4, port}] = expiry;
   return okStatus();
+}
+
+void EgressFilter::dropResolved(uint64_t netns_cookie, SandboxPolicy& policy, double now) {
+  auto forget = [&](std::map<std::pair<uint32_t, uint16_t>, double>::iterator it) {
+    dsec_egress_resolved_key key;
+    std::memset(&key, 0, sizeof key);
+    key.netns_cookie = netns_cookie;
+    key.generation = policy.generation;
+    key.ip4 = htonl(it->first.first);
+    key.port = htons(it->first.second);
+    (void)bpf_map_delete_elem(bpf_map__fd(skeleton_->maps.resolved), &key);
+    return policy.resolved.erase(it);
+  };
+  for (auto it = policy.resolved.begin(); it != policy.resolved.end();) {
+    it = it->second <= now ? forget(it) : std::next(it);
+  }
+  if (policy.resolved.size() < kMaxResolvedPerSandbox) return;
+  auto soonest = std::min_element(policy.resolved.begin(), policy.resolved.end(),
+                                  [](const auto& a, const auto& b) { return a.second < b.second; });
+  forget(soonest);
 }
 
 Status EgressFilter::allowResolved(uint64_t netns_cookie, uint32_t ip4, uint16_t port, double ttl_seconds) {

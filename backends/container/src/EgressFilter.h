@@ -40,6 +40,9 @@ struct Ip4Block {
 
 class EgressFilter {
  public:
+  // Resolved addresses one sandbox holds open at a time (the `resolved` map holds 1M for the node: 4096 sandboxes
+  // at the cap). Far above what a task resolves within the answers' lifetimes (30 s to 1 h).
+  static constexpr size_t kMaxResolvedPerSandbox = 256;
   using ViolationSink = std::function<void(uint64_t netns_cookie, Violation violation)>;
 
   // Loads the programs (attached nowhere yet); refusals go to sink.
@@ -101,6 +104,8 @@ class EgressFilter {
   void eraseEntries(uint64_t netns_cookie, const SandboxPolicy& policy);
   Status installResolved(uint64_t netns_cookie, SandboxPolicy& policy, uint32_t ip4, uint16_t port,
                          double ttl_seconds);  // under mu_
+  // Makes room for one more resolved address of the sandbox: drops its expired ones, else its soonest to expire.
+  void dropResolved(uint64_t netns_cookie, SandboxPolicy& policy, double now);  // under mu_
 
   dsec_egress* skeleton_ = nullptr;
   std::vector<std::string> attached_;  // directories attachTo() attached to (under mu_)

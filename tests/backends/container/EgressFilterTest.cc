@@ -213,5 +213,25 @@ TEST_F(EgressFilterTest, TheNeverSetFollowsTheNodesAddresses) {
   EXPECT_FALSE(kernelAllows(ip("169.254.169.254"), 80));
 }
 
+// A sandbox resolving ever new names (a wildcard over a domain it controls) holds at most
+// kMaxResolvedPerSandbox addresses open: the ones that run out first make room, and the node's map is not filled
+// for the others.
+TEST_F(EgressFilterTest, ResolvedAddressesAreCappedPerSandbox) {
+  const size_t cap = EgressFilter::kMaxResolvedPerSandbox;
+  auto address = [](size_t i) { return ip("100.101.0.0") + static_cast<uint32_t>(i); };
+  for (size_t i = 0; i < cap + 44; ++i) {
+    // Later answers live longer, so the earliest are the first to go.
+    ASSERT_TRUE(filter_->allowResolved(prober_->cookie(), address(i), 80, 600 + static_cast<double>(i)).ok()) << i;
+  }
+  size_t open = 0;
+  for (size_t i = 0; i < cap + 44; ++i) open += filter_->allows(prober_->cookie(), address(i), 80) ? 1 : 0;
+  EXPECT_EQ(open, cap) << "resolved addresses held open";
+  EXPECT_FALSE(filter_->allows(prober_->cookie(), address(0), 80)) << "the first to run out was kept";
+  EXPECT_FALSE(kernelAllows(address(0), 80));
+  EXPECT_TRUE(kernelAllows(address(cap + 43), 80)) << "the newest answer was dropped";
+  // The answers from the set-up expire before all of these, so they made room too (the expired one first).
+  EXPECT_FALSE(kernelAllows(ip("100.100.1.1"), 8080));
+}
+
 }  // namespace
 }  // namespace dsec::backends
