@@ -276,6 +276,25 @@ def test_bad_input_is_a_clear_error_in_sandboxfusions_shape(node, body, mention)
     assert status == 400 and a["status"] == "SandboxError", a
 
 
+def test_oversized_body_is_413(node):
+    """A body over 64 MiB is refused from its Content-Length, in SandboxFusion's shape, before it is read."""
+    port = int(node["endpoint"].rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        head = (f"POST /run_code HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {node['token']}\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {(64 << 20) + 1}\r\n\r\n")
+        s.sendall(head.encode() + b'{"code": "')
+        reply = b""
+        while b"\r\n\r\n" not in reply or not reply.rstrip().endswith(b"}"):
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            reply += chunk
+    status_line, _, rest = reply.partition(b"\r\n")
+    assert b" 413 " in status_line, reply[:500]
+    body = json.loads(rest.split(b"\r\n\r\n", 1)[1])
+    assert body["status"] == "SandboxError" and body["error"]["code"] == "too_large", body
+
+
 def test_authentication_and_the_open_listener(node):
     body = {"code": "print('open')", "language": "python"}
     status, a = post(node["endpoint"] + "/run_code", body)  # no token on the API's own listener
