@@ -12,6 +12,7 @@
 #include "dsec/launcher/api/StdinFeeds.h"
 #include "dsec/launcher/node/Metrics.h"
 #include "dsec/launcher/node/NodeAgent.h"
+#include "dsec/launcher/node/RunCode.h"
 
 namespace dsec::launcher {
 
@@ -21,6 +22,7 @@ struct ApiServerOptions {
   uint64_t output_budget_bytes = 0;
   // How long an exec or call waits for answers being written to give budget back before 429.
   double output_wait_seconds = 5;
+  RunCodeOptions run_code;  // POST /run_code (RunCode.h)
 };
 
 class ApiServer : public RequestHandler {
@@ -30,6 +32,8 @@ class ApiServer : public RequestHandler {
   void onResponse(int status) override { agent_->metrics().countHttpRequest(status); }
   bool acceptsCredentials(std::string_view authorization) const override;
   OutputBudget& outputBudget() { return output_budget_; }
+  // POST /run_code, RunCodeApi.cc; also served by RunCodeListener without authentication.
+  void runCode(HttpExchange& ex);
 
  private:
   // The routes by what they act on: the node, one sandbox, a session.
@@ -60,6 +64,7 @@ class ApiServer : public RequestHandler {
   NodeAgent* agent_;
   std::string token_;
   OutputBudget output_budget_;
+  RunCodeOptions run_code_;
   StdinFeeds stdin_feeds_;
 };
 
