@@ -180,7 +180,7 @@ int cmdShell(const Invocation& inv) {
     ws::Decoder decoder(false, size_t{16} << 20);
     decoder.feed(early->data(), early->size());
     bool stdin_open = true, done = false;
-    std::vector<char> buf(64 * 1024);
+    std::vector<char> buf(size_t{64} * 1024);
     while (!done) {
       while (auto msg = decoder.next()) {
         if (msg->op == ws::Opcode::kBinary) {

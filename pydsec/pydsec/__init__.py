@@ -33,7 +33,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Client", "Sandbox", "Session", "ExecStream", "StdinWriter", "Terminal", "ExecResult", "DsecError",
-    "InvalidRequestError", "TooLargeError", "AuthError", "NotFoundError", "ConflictError", "CapacityError", "UnsupportedError", "DsecTimeoutError",
+    "InvalidRequestError", "TooLargeError", "AuthError", "NotFoundError", "ConflictError", "CapacityError",
+    "UnsupportedError", "DsecTimeoutError",
     "ServerError", "DsecConnectionError", "InfraError", "UnavailableError", "NodeLostError", "UnsafeArchiveError",
     "__version__",
 ]

@@ -321,10 +321,9 @@ class AsyncTerminal:
     ``await wait()`` (the exit dict, also in ``exit``), ``await aclose()``."""
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, early: bytes):
-        from ._websocket import Decoder
         self._reader = reader
         self._writer = writer
-        self._decoder = Decoder(masked=False)
+        self._decoder = _ws.Decoder(masked=False)
         self._decoder.feed(early)
         self.exit: Optional[Dict[str, Any]] = None
         self.output = bytearray()
@@ -337,11 +336,10 @@ class AsyncTerminal:
         return None if self.exit is None else self.exit.get("exit_code")
 
     async def _frame(self, op: int, payload: bytes) -> None:
-        from ._websocket import encode_frame
         if self._closed:
             raise ValueError("the terminal is closed")
         try:
-            self._writer.write(encode_frame(op, payload))
+            self._writer.write(_ws.encode_frame(op, payload))
             await self._writer.drain()
         except OSError as e:
             raise DsecConnectionError(f"terminal: connection lost: {e}") from None
@@ -440,10 +438,9 @@ class AsyncTerminal:
         if self._closed:
             return
         self._closed = True
-        from ._websocket import encode_frame
         with contextlib.suppress(OSError, ConnectionError):
             if not self._ended:
-                self._writer.write(encode_frame(8, (1000).to_bytes(2, "big")))
+                self._writer.write(_ws.encode_frame(8, (1000).to_bytes(2, "big")))
                 await self._writer.drain()
         self._writer.close()
         with contextlib.suppress(OSError, ssl.SSLError, ConnectionError):
@@ -458,8 +455,7 @@ class AsyncTerminal:
 
 async def open_terminal(endpoint: str, token: str, target: str, connect_timeout: Optional[float],
                         timeout: Optional[float]) -> AsyncTerminal:
-    from ._websocket import check_handshake, handshake_request
-    request, key, host, port, https, _ = handshake_request(endpoint, target, token)
+    request, key, host, port, https, _ = _ws.handshake_request(endpoint, target, token)
     ctx = ssl.create_default_context() if https else None
     try:
         reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port, ssl=ctx), connect_timeout)
@@ -477,7 +473,7 @@ async def open_terminal(endpoint: str, token: str, target: str, connect_timeout:
                 if line.lower().startswith("content-length:"):
                     length = int(line.split(":", 1)[1].strip() or 0)
             body = await asyncio.wait_for(reader.readexactly(length), timeout) if length else b""
-        check_handshake(head, body, key)
+        _ws.check_handshake(head, body, key)
         term = AsyncTerminal(reader, writer, b"")
         while not term.started:
             if not await term.recv(timeout) and term._ended:

@@ -227,7 +227,7 @@ TEST_F(CliServe, ExecForwardsStdin) {
   EXPECT_EQ(r.out, text);
 
   TempDir dir;
-  const std::string big(700 * 1024, 'x');  // several stdin writes
+  const std::string big(size_t{700} * 1024, 'x');  // several stdin writes
   ASSERT_OK(writeFile(dir.path() + "/in", big));
   UniqueFd in(open((dir.path() + "/in").c_str(), O_RDONLY | O_CLOEXEC));
   ASSERT_TRUE(in);

@@ -153,7 +153,7 @@ TEST(WebSocket, OversizeMessagesAreRefusedOnTheirHeader) {
   const uint64_t n = uint64_t{1} << 30;
   for (int shift = 56; shift >= 0; shift -= 8) head.push_back(static_cast<char>((n >> shift) & 0xFF));
   head.append(reinterpret_cast<const char*>(kMask), 4);
-  Decoder d(true, 64 * 1024);
+  Decoder d(true, uint64_t{64} * 1024);
   d.feed(head.data(), head.size());
   EXPECT_FALSE(d.next().has_value());
   ASSERT_TRUE(d.violation().has_value());

@@ -29,7 +29,7 @@ namespace {
 
 using nlohmann::json;
 // The largest message a client may send (typed input or a control message); input beyond the pipe waits.
-constexpr uint64_t kMaxInputMessage = 64 * 1024;
+constexpr uint64_t kMaxInputMessage = uint64_t{64} * 1024;
 // A client that takes none of the terminal's output for this long is gone.
 constexpr int kSendStallMs = 60 * 1000;
 // The default program: the sandbox's bash if it has one, else its sh, as a login shell.
@@ -77,7 +77,7 @@ class TerminalSession : public backends::ExecSink {
   void readLoop(std::string early) {
     ws::Decoder decoder(true, kMaxInputMessage);
     decoder.feed(early.data(), early.size());
-    std::vector<char> buf(64 * 1024);
+    std::vector<char> buf(size_t{64} * 1024);
     for (;;) {
       while (auto msg = decoder.next()) {
         if (!handle(*msg)) return;

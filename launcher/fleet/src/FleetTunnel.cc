@@ -17,8 +17,8 @@ namespace dsec::launcher::fleet {
 namespace {
 
 namespace http = boost::beast::http;
-constexpr size_t kHeadLimit = 64 * 1024;
-constexpr size_t kRelayChunk = 64 * 1024;
+constexpr size_t kHeadLimit = size_t{64} * 1024;
+constexpr size_t kRelayChunk = size_t{64} * 1024;
 
 // Writes all of data to fd (non-blocking) within timeout_ms of no progress; false when it cannot.
 bool writeAll(int fd, const char* data, size_t size, int stop_fd, int timeout_ms) {
