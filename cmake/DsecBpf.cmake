@@ -14,10 +14,11 @@ function(dsec_bpf_skeleton target name source)
   add_custom_command(
     OUTPUT ${skeleton}
     COMMAND ${CMAKE_COMMAND} -E make_directory ${dir}
-    COMMAND ${DSEC_CLANG} -g -O2 -Wall -Werror -target bpf -I${arch_include} -c ${CMAKE_CURRENT_SOURCE_DIR}/${source}
-            -o ${object}
+    COMMAND ${DSEC_CLANG} -g -O2 -Wall -Werror -target bpf -I${arch_include} -MD -MF ${object}.d -MT ${skeleton}
+            -c ${CMAKE_CURRENT_SOURCE_DIR}/${source} -o ${object}
     COMMAND sh -c "${DSEC_BPFTOOL} gen skeleton ${object} name ${name} > ${skeleton}.tmp && mv ${skeleton}.tmp ${skeleton}"
     DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/${source}
+    DEPFILE ${object}.d  # the headers it includes (map layouts, the shared egress decision)
     COMMENT "BPF ${name}"
     VERBATIM)
   add_custom_target(${name}_skeleton DEPENDS ${skeleton})

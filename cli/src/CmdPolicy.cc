@@ -16,20 +16,14 @@ using nlohmann::json;
 // Parses ID and the command's list option (repeated or positional after ID), connects, and PUTs {key: list}.
 int putList(const Invocation& inv, const std::string& route, const std::string& key, const char* list_option,
             const char* list_help) {
-  CommonOptions common;
-  po::options_description desc("options");
-  addCommonOptions(desc, &common, true);
-  desc.add_options()("id", po::value<std::string>()->required(), "sandbox id")(
-      list_option, po::value<std::vector<std::string>>()->composing(), list_help);
-  po::positional_options_description positional;
-  positional.add("id", 1).add(list_option, -1);
-  po::variables_map vm;
-  if (!parseCommandLine(inv, inv.args, desc, positional, std::string("ID [") + list_option + "]...", &vm, &common)) {
-    return kExitOk;
-  }
-  auto client = connectFleet(common);
+  SandboxCommandLine line;
+  line.desc.add_options()(list_option, po::value<std::vector<std::string>>()->composing(), list_help);
+  line.positional.add(list_option, -1);
+  if (!line.parse(inv, inv.args, std::string("ID [") + list_option + "]...")) return kExitOk;
+  auto client = connectFleet(line.common);
   if (!client.ok()) return reportError(inv, client.error());
-  const std::string id = vm["id"].as<std::string>();
+  const std::string id = line.id();
+  const po::variables_map& vm = line.vm;
   std::vector<std::string> values;
   if (vm.count(list_option) != 0) values = vm[list_option].as<std::vector<std::string>>();
   auto info = (*client)->call(HttpMethod::kPut, sandboxPath(id) + "/" + route, json{{key, values}});
@@ -52,19 +46,13 @@ int cmdProtect(const Invocation& inv) {
 }
 
 int cmdViolations(const Invocation& inv) {
-  CommonOptions common;
-  po::options_description desc("options");
-  addCommonOptions(desc, &common, true);
+  SandboxCommandLine line;
   bool as_json = false;
-  desc.add_options()("id", po::value<std::string>()->required(), "sandbox id")("json", po::bool_switch(&as_json),
-                                                                               "print the JSON document");
-  po::positional_options_description positional;
-  positional.add("id", 1);
-  po::variables_map vm;
-  if (!parseCommandLine(inv, inv.args, desc, positional, "ID", &vm, &common)) return kExitOk;
-  auto client = connectFleet(common);
+  line.desc.add_options()("json", po::bool_switch(&as_json), "print the JSON document");
+  if (!line.parse(inv, inv.args, "ID")) return kExitOk;
+  auto client = connectFleet(line.common);
   if (!client.ok()) return reportError(inv, client.error());
-  auto doc = (*client)->call(HttpMethod::kGet, sandboxPath(vm["id"].as<std::string>()) + "/violations");
+  auto doc = (*client)->call(HttpMethod::kGet, sandboxPath(line.id()) + "/violations");
   if (!doc.ok()) return reportError(inv, doc.error());
   if (as_json) {
     std::cout << doc->dump(2) << "\n";

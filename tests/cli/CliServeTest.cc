@@ -98,6 +98,57 @@ TEST_F(CliServe, RunExecLsPauseResumeRm) {
   EXPECT_NE(r.err.find("404"), std::string::npos) << r.err;
 }
 
+// The stage commands on a running sandbox: its egress policy and protected paths replaced (and emptied), bad input
+// refused, and what its processes were refused listed.
+TEST_F(CliServe, NetworkProtectAndViolationsChangeARunningSandbox) {
+  auto r = dsec({"run", "bb:1", "--network", "egress"});
+  if (r.exit_code != 0 && (r.err.find("egress") != std::string::npos || r.err.find("nftables") != std::string::npos)) {
+    GTEST_SKIP() << "no egress on this host: " << r.err;
+  }
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string id = trim(r.out);
+
+  r = dsec({"network", id, "--egress", "10.0.0.0/8", "--egress", "192.0.2.1:443"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out.rfind(id + " network: [", 0), 0u) << r.out;
+  EXPECT_NE(r.out.find("10.0.0.0/8"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("192.0.2.1:443"), std::string::npos) << r.out;
+  r = dsec({"network", id, "--egress", "not-a-destination!"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("egress"), std::string::npos) << r.err;
+  r = dsec({"network", id});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, id + " network: [] (none)\n");
+
+  // With no egress at all, a connect out is refused and shows up in the list.
+  dsec({"exec", id, "--", "sh", "-c", "echo | nc -w 1 192.0.2.1 443; true"});
+  bool listed = false;
+  for (int i = 0; i < 100 && !listed; ++i) {
+    r = dsec({"violations", id});
+    listed = r.out.find("192.0.2.1:443") != std::string::npos && r.out.find("connect") != std::string::npos;
+    if (!listed) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_TRUE(listed) << "the refused connect is not listed: " << r.out << r.err;
+  r = dsec({"violations", id, "--json"});
+  auto doc = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(doc.is_discarded()) << r.out;
+  EXPECT_GE(doc.value("count", 0), 1) << r.out;
+
+  r = dsec({"protect", id, "/etc"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("/etc"), std::string::npos) << r.out;
+  r = dsec({"exec", id, "--", "sh", "-c", "echo x > /etc/dsec-cli-test"});
+  EXPECT_NE(r.exit_code, 0) << "a protected path was written";
+  r = dsec({"protect", id});
+  EXPECT_EQ(r.out, id + " protect: [] (none)\n");
+  r = dsec({"exec", id, "--", "sh", "-c", "echo x > /etc/dsec-cli-test"});
+  EXPECT_EQ(r.exit_code, 0) << "lifting the protection did not lift it: " << r.err;
+
+  r = dsec({"violations", "no-such-sandbox"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("404"), std::string::npos) << r.err;
+}
+
 TEST_F(CliServe, RunWithCommandPrintsOutputAndCleansUp) {
   auto r = dsec({"run", "bb:1", "--", "sh", "-c", "echo hello from $(hostname); exit 4"});
   EXPECT_EQ(r.exit_code, 4) << r.err;

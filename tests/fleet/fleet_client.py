@@ -196,10 +196,17 @@ def main():
         # of them, attach (as a requeued trainer would) returns them all, destroy removes them everywhere.
         name = f"fleet-{os.environ['DSEC_FLEET']}"
         session = client.session(name, lease=30)
-        made = [session.create(IMAGE, cpus=0.1, memory="64M", labels=LABELS) for _ in range(6)]
-        nodes = sorted({sb.info()["node"] for sb in made})
-        if len(nodes) < 2:
-            fail(f"the session's sandboxes all landed on {nodes}")
+        # The gateway places each create on the less loaded of its sampled nodes, so the first ones may all go
+        # to a node the earlier phases left emptier; creating on until the session spans two nodes is certain
+        # (each create raises that node's load), and the bound only catches a placer that never spreads.
+        made = []
+        nodes = []
+        while len(made) < 6 or len(nodes) < 2:
+            if len(made) >= 40:
+                fail(f"40 sandboxes of the session all landed on {nodes}: {client.node()}")
+            sb = session.create(IMAGE, cpus=0.1, memory="64M", labels=LABELS)
+            made.append(sb)
+            nodes = sorted(set(nodes) | {sb.info()["node"]})
         for sb in made:
             sb.write_file("/data/mark", f"{sb.id}\n")
         info = session.info()
@@ -212,9 +219,9 @@ def main():
         for sb in again:
             check_sandbox(client, sb.id, sb.id.rsplit("-", 1)[0])
         destroyed = client.session(name).destroy()
-        if destroyed != 6:
-            fail(f"destroying the session destroyed {destroyed} sandboxes, not 6")
-        print(f"session {name}: 6 sandboxes on {nodes}, merged, attached, destroyed")
+        if destroyed != len(made):
+            fail(f"destroying the session destroyed {destroyed} sandboxes, not {len(made)}")
+        print(f"session {name}: {len(made)} sandboxes on {nodes}, merged, attached, destroyed")
     elif phase == "admission":
         # Idle sandboxes of the default size (1 CPU, 512 MiB) on a fleet of 1-CPU allocations: each node admits
         # them by its own density controller (CPU ratio 1024 while they use nothing) and the gateway places as

@@ -4,6 +4,7 @@
 #include <sys/socket.h>
 
 #include <atomic>
+#include <chrono>
 #include <thread>
 
 #include "WorldNetwork.h"
@@ -142,6 +143,55 @@ TEST_F(EgressNeverTest, AnOperatorsNeverBlockIsRefusedToABroadPolicyButNotToAnEx
   EXPECT_TRUE(refusalArrives(broad, other_, port_));
   auto& exact = createNet(backends::NetworkMode::kEgress, {other_});
   EXPECT_EQ(connect(exact, other_, port_), "hi") << "a rule naming the address exactly did not open it";
+}
+
+// Attack: a sandbox with 0.0.0.0/0 hammers an address the operator closed while the node churns under it: other
+// sandboxes created and destroyed, stage changes on another one, node addresses added and removed (each of which
+// rewrites the never-reachable set). A refresh that deleted before it inserted left the address open for a moment;
+// not one try may get through.
+TEST_F(EgressNeverTest, ANeverBlockStaysClosedWhileTheNodeChurns) {
+  if (findProgram("ip").empty()) GTEST_SKIP() << "iproute2 (ip) is needed to churn the node's addresses";
+  auto& broad = createNet(backends::NetworkMode::kEgress, {"0.0.0.0/0"});
+  auto& staged = createNet(backends::NetworkMode::kEgress, {world_});
+  {
+    auto bytes = readFile(DSEC_TEST_CONNECT_LOOP);
+    ASSERT_OK(bytes);
+    auto fd = broad.openForWrite("/tmp/connloop", 0755);
+    ASSERT_OK(fd);
+    ASSERT_EQ(::write(fd->get(), bytes->data(), bytes->size()), static_cast<ssize_t>(bytes->size()));
+  }
+  constexpr int kSeconds = 6;
+  backends::ExecResult attack;
+  std::thread attacker([&] {
+    attack = sh(broad, "/tmp/connloop " + other_ + " " + std::to_string(port_) + " " + std::to_string(kSeconds), 60);
+  });
+  auto wide = backends::parseEgressPolicy({"0.0.0.0/0"});
+  auto narrow = backends::parseEgressPolicy({world_});
+  ASSERT_OK(wide);
+  ASSERT_OK(narrow);
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(kSeconds - 1);
+  int rounds = 0;
+  for (; std::chrono::steady_clock::now() < end; ++rounds) {
+    auto spec = makeSpec();
+    spec.network = backends::NetworkMode::kEgress;
+    spec.egress = *wide;
+    auto churn = backend_->create(spec);
+    EXPECT_OK(churn);
+    EXPECT_OK(staged.setEgress(rounds % 2 == 0 ? *wide : *narrow));
+    const std::string address = "192.0.2." + std::to_string(200 + rounds % 50) + "/32";  // TEST-NET-1
+    EXPECT_OK(runCommandChecked({"ip", "addr", "add", address, "dev", "lo"}));
+    EXPECT_OK(runCommandChecked({"ip", "addr", "del", address, "dev", "lo"}));
+    if (churn.ok()) EXPECT_OK((*churn)->destroy());
+  }
+  attacker.join();
+  long tries = 0, through = 0;
+  int err = 0;
+  ASSERT_EQ(sscanf(attack.stdout_data.c_str(), "tries %ld through %ld errno %d", &tries, &through, &err), 3)
+      << attack.stdout_data << attack.stderr_data;
+  EXPECT_GE(rounds, 3) << "the node hardly churned: the attack proves little";
+  EXPECT_GT(tries, 1000) << "the attacker hardly tried";
+  EXPECT_EQ(through, 0) << through << " of " << tries << " connects to the closed " << other_ << " got past the "
+                        << "egress programs (first errno " << err << ") during " << rounds << " rounds of churn";
 }
 
 TEST_F(EgressPolicyTest, AStageChangeRefusesNewConnectionsAndCutsOpenOnes) {

@@ -26,7 +26,7 @@ enum dsec_fw_call { DSEC_FW_CALLS(DSEC_FW_ENUM) DSEC_FW_CALL_COUNT };
 struct dsec_fw_sandbox {
   __u64 window_start_ns;
   __u32 sent;       /* events sent in the current one-second window */
-  __u32 suppressed; /* refusals not sent since the last event (approximate: updated without atomics) */
+  __u32 suppressed; /* refusals not sent since the last event (added atomically; the hand-over may miss a racing few) */
 };
 
 /* A watched call between its entry and its exit, keyed by pid_tgid. */

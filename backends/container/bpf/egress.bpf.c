@@ -23,7 +23,7 @@ struct {
 
 struct {
   __uint(type, BPF_MAP_TYPE_LPM_TRIE);
-  __uint(max_entries, 262144);
+  __uint(max_entries, 1048576); /* 256 rules per sandbox at most, two generations during a change */
   __type(key, struct dsec_egress_allow_key);
   __type(value, __u8);
   __uint(map_flags, BPF_F_NO_PREALLOC);
@@ -31,7 +31,7 @@ struct {
 
 struct {
   __uint(type, BPF_MAP_TYPE_HASH);
-  __uint(max_entries, 262144);
+  __uint(max_entries, 1048576); /* 256 per sandbox at most (EgressFilter::kMaxResolvedPerSandbox) */
   __type(key, struct dsec_egress_resolved_key);
   __type(value, struct dsec_egress_resolved);
   __uint(map_flags, BPF_F_NO_PREALLOC);
@@ -78,49 +78,28 @@ static __always_inline void report(struct bpf_sock_addr *ctx, __u64 cookie, __u3
   bpf_ringbuf_submit(e, 0);
 }
 
-static __always_inline int resolved_allows(__u64 cookie, __u32 generation, __u32 ip4, __u16 port) {
-  /* The whole key, trailing padding included: the hash compares every byte, and an initializer leaves the padding
-   * as the stack had it (the lookup then missed or hit at random). */
-  struct dsec_egress_resolved_key key;
-  __builtin_memset(&key, 0, sizeof(key));
-  key.netns_cookie = cookie;
-  key.generation = generation;
-  key.ip4 = ip4;
-  key.port = port;
-  struct dsec_egress_resolved *hit = bpf_map_lookup_elem(&resolved, &key);
-  if (!hit) {
-    key.port = 0;
-    hit = bpf_map_lookup_elem(&resolved, &key);
-  }
-  return hit && hit->expires_boot_ns > bpf_ktime_get_boot_ns();
+/* The lookups EgressDecision.h decides with, on the maps above. */
+#define DSEC_EGRESS_ENV void *
+static __always_inline int dsec_egress_allow_prefix(void *env, struct dsec_egress_allow_key *key) {
+  __u8 *prefix = bpf_map_lookup_elem(&allow, key); /* the value: the matching block's prefix length */
+  return prefix ? *prefix : -1;
 }
+static __always_inline int dsec_egress_never_listed(void *env, struct dsec_egress_never_key *key) {
+  return bpf_map_lookup_elem(&never, key) != 0;
+}
+static __always_inline __u64 dsec_egress_resolved_expiry(void *env, struct dsec_egress_resolved_key *key) {
+  struct dsec_egress_resolved *hit = bpf_map_lookup_elem(&resolved, key);
+  return hit ? hit->expires_boot_ns : 0;
+}
+static __always_inline __u64 dsec_egress_now_boot_ns(void *env) { return bpf_ktime_get_boot_ns(); }
+#include "EgressDecision.h"
 
 /* 1 = let the call through. */
 static __always_inline int check_ip4(struct bpf_sock_addr *ctx, __u64 cookie, const struct dsec_egress_sandbox *sb,
                                      __u32 ip4, __u16 port, __u8 op) {
-  if ((bpf_ntohl(ip4) >> 24) == 127) return 1; /* the sandbox's own loopback: its own network namespace */
-  if (sb->resolver_ip4 != 0 && ip4 == sb->resolver_ip4 && port == bpf_htons(53)) return 1;
-  struct dsec_egress_allow_key key = {.prefixlen = DSEC_EGRESS_ALLOW_FIXED_BITS + 32,
-                                      .netns_cookie = cookie,
-                                      .generation = sb->generation,
-                                      .port = port,
-                                      .ip4 = ip4};
-  __u8 *listed = bpf_map_lookup_elem(&allow, &key); /* the value: the matching block's prefix length */
-  if (!listed) {
-    key.port = 0;
-    listed = bpf_map_lookup_elem(&allow, &key);
-  }
-  struct dsec_egress_never_key never_key = {.prefixlen = 32, .ip4 = ip4};
-  if (bpf_map_lookup_elem(&never, &never_key)) {
-    /* Only an address listed on its own (a /32 rule) opens one of these; a block such as 0.0.0.0/0 never does,
-     * nor does a name that resolved to one. */
-    if (listed && *listed == 32) return 1;
-    report(ctx, cookie, ip4, 0, port, DSEC_EGRESS_NODE, op);
-    return 0;
-  }
-  if (listed) return 1;
-  if (resolved_allows(cookie, sb->generation, ip4, port)) return 1;
-  report(ctx, cookie, ip4, 0, port, DSEC_EGRESS_NOT_ALLOWED, op);
+  int verdict = dsec_egress_decide4(0, cookie, sb, ip4, port);
+  if (verdict == DSEC_EGRESS_ALLOWED) return 1;
+  report(ctx, cookie, ip4, 0, port, (__u8)verdict, op);
   return 0;
 }
 

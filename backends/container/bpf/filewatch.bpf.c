@@ -98,17 +98,20 @@ static __always_inline int refused(__s64 ret) {
   return ret == -EROFS || ret == -EXDEV || ret == -EBUSY || ret == -EPERM || ret == -EACCES;
 }
 
-/* 1 = send; counts what the rate bound leaves out. */
+/* 1 = send; counts what the rate bound leaves out. The counts are added atomically (one sandbox's calls run on
+ * every CPU at once), so a flood cannot lose increments and slip past the bound: between the check and the add at
+ * most one call per CPU gets through beyond it. The window's reset and the hand-over of `suppressed` to an event
+ * are plain stores: a count may be off by the calls racing them, never the bound. */
 static __always_inline int within_rate(struct dsec_fw_sandbox *sb, __u64 now, __u32 *suppressed) {
   if (now - sb->window_start_ns > 1000000000ULL) {
     sb->window_start_ns = now;
     sb->sent = 0;
   }
   if (sb->sent >= DSEC_FW_EVENTS_PER_SECOND) {
-    sb->suppressed += 1;
+    __sync_fetch_and_add(&sb->suppressed, 1);
     return 0;
   }
-  sb->sent += 1;
+  __sync_fetch_and_add(&sb->sent, 1);
   *suppressed = sb->suppressed;
   sb->suppressed = 0;
   return 1;

@@ -6,6 +6,8 @@
 #include <fcntl.h>
 #include <ifaddrs.h>
 #include <linux/magic.h>
+#include <linux/netlink.h>
+#include <linux/rtnetlink.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
@@ -15,6 +17,7 @@
 #include <cerrno>
 #include <cstring>
 #include <ctime>
+#include <iterator>
 
 #include "EgressMaps.h"
 #include "dsec/common/Directory.h"
@@ -22,6 +25,32 @@
 #include "dsec/common/Process.h"
 #include "dsec/common/Strings.h"
 #include "dsec_egress.skel.h"  // generated from bpf/egress.bpf.c
+
+// The programs' decision (bpf/EgressDecision.h), here on the maps as the agent reads them.
+struct DsecEgressMapFds {
+  int allow;
+  int never;
+  int resolved;
+};
+#define DSEC_EGRESS_ENV const DsecEgressMapFds*
+static inline int dsec_egress_allow_prefix(const DsecEgressMapFds* env, dsec_egress_allow_key* key) {
+  uint8_t prefix = 0;
+  return bpf_map_lookup_elem(env->allow, key, &prefix) == 0 ? prefix : -1;
+}
+static inline int dsec_egress_never_listed(const DsecEgressMapFds* env, dsec_egress_never_key* key) {
+  uint8_t one = 0;
+  return bpf_map_lookup_elem(env->never, key, &one) == 0 ? 1 : 0;
+}
+static inline __u64 dsec_egress_resolved_expiry(const DsecEgressMapFds* env, dsec_egress_resolved_key* key) {
+  dsec_egress_resolved value{};
+  return bpf_map_lookup_elem(env->resolved, key, &value) == 0 ? value.expires_boot_ns : 0;
+}
+static inline __u64 dsec_egress_now_boot_ns(const DsecEgressMapFds* /*env*/) {
+  timespec ts{};
+  clock_gettime(CLOCK_BOOTTIME, &ts);
+  return static_cast<__u64>(ts.tv_sec) * 1000000000ULL + static_cast<__u64>(ts.tv_nsec);
+}
+#include "EgressDecision.h"
 
 namespace dsec::backends {
 namespace {
@@ -56,18 +85,45 @@ std::string ip4Text(uint32_t host_order) {
   return buf;
 }
 
+uint32_t maskOf(int prefix_len) { return prefix_len == 0 ? 0 : ~uint32_t{0} << (32 - prefix_len); }
+
+bool covers(const std::vector<Ip4Block>& blocks, uint32_t address) {
+  return std::any_of(blocks.begin(), blocks.end(), [address](const Ip4Block& b) {
+    return (address & maskOf(b.prefix_len)) == (b.address & maskOf(b.prefix_len));
+  });
+}
+
+// The node's IPv4 addresses but loopback's 127/8 (a sandbox's 127/8 is its own loopback).
+Result<std::vector<uint32_t>> nodeAddresses() {
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) return Error::sys(errno, "list the node's addresses");
+  std::vector<uint32_t> addresses;
+  for (ifaddrs* it = list; it != nullptr; it = it->ifa_next) {
+    if (it->ifa_addr == nullptr || it->ifa_addr->sa_family != AF_INET) continue;
+    const uint32_t address = ntohl(reinterpret_cast<sockaddr_in*>(it->ifa_addr)->sin_addr.s_addr);
+    if ((address >> 24) != 127) addresses.push_back(address);
+  }
+  freeifaddrs(list);
+  return addresses;
+}
+
+// A netlink socket told of every IPv4 address added to or removed from the node.
+Result<UniqueFd> addressEvents() {
+  UniqueFd fd(::socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC | SOCK_NONBLOCK, NETLINK_ROUTE));
+  if (!fd) return Error::sys(errno, "open a netlink socket for the node's address changes");
+  sockaddr_nl local{};
+  local.nl_family = AF_NETLINK;
+  local.nl_groups = RTMGRP_IPV4_IFADDR;
+  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&local), sizeof local) != 0) {
+    return Error::sys(errno, "subscribe to the node's address changes");
+  }
+  return fd;
+}
+
 double bootSeconds() {
   timespec ts{};
   clock_gettime(CLOCK_BOOTTIME, &ts);
   return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) / 1e9;
-}
-
-bool matches(const EgressRule& rule, uint32_t ip4, uint16_t port) {
-  if (rule.isDomain() || (rule.port != 0 && rule.port != port)) return false;
-  uint32_t net = 0;
-  std::memcpy(&net, rule.address.data(), 4);
-  const uint32_t mask = rule.prefix_len == 0 ? 0 : ~uint32_t{0} << (32 - rule.prefix_len);
-  return (ip4 & mask) == (ntohl(net) & mask);
 }
 
 dsec_egress_allow_key allowKey(uint64_t cookie, uint32_t generation, const EgressRule& rule) {
@@ -76,7 +132,9 @@ dsec_egress_allow_key allowKey(uint64_t cookie, uint32_t generation, const Egres
   key.netns_cookie = cookie;
   key.generation = generation;
   key.port = htons(rule.port);
-  std::memcpy(&key.ip4, rule.address.data(), 4);
+  uint32_t ip4 = 0;  // network order, as the rule holds it
+  std::memcpy(&ip4, rule.address.data(), 4);
+  key.ip4 = ip4;
   return key;
 }
 
@@ -116,11 +174,16 @@ Result<std::unique_ptr<EgressFilter>> EgressFilter::start(ViolationSink sink) {
       filter->program_ids_.push_back(info.id);
     }
   }
+  // Subscribed before the first refresh: an address that comes after it is announced.
+  DSEC_ASSIGN_OR_RETURN(filter->address_events_, addressEvents());
   DSEC_TRY(filter->refreshNever());
-  filter->ring_ =
-      ring_buffer__new(bpf_map__fd(filter->skeleton_->maps.events), &EgressFilter::onEvent, filter.get(), nullptr);
-  if (filter->ring_ == nullptr) return Error::sys(errno, "open the egress filter's event ring");
-  filter->events_ = std::thread([f = filter.get()] { f->pollEvents(); });
+  std::vector<BpfEventThread::Watch> also;
+  also.push_back({filter->address_events_.get(), [f = filter.get()] { f->onAddressChange(); }});
+  DSEC_ASSIGN_OR_RETURN(
+      filter->events_,
+      BpfEventThread::start(
+          "egress filter", bpf_map__fd(filter->skeleton_->maps.events),
+          [f = filter.get()](const void* data, size_t size) { f->deliver(data, size); }, std::move(also)));
   return filter;
 }
 
@@ -189,9 +252,7 @@ bool EgressFilter::removeIfEmpty(const std::string& dir) {
 }
 
 EgressFilter::~EgressFilter() {
-  stop_ = true;
-  if (events_.joinable()) events_.join();
-  if (ring_ != nullptr) ring_buffer__free(ring_);
+  events_.reset();
   std::vector<std::string> attached;
   bool idle = false;
   {
@@ -214,37 +275,59 @@ EgressFilter::~EgressFilter() {
 }
 
 Status EgressFilter::refreshNever() {
+  std::lock_guard lock(never_mu_);
   std::vector<Ip4Block> blocks(std::begin(kAlwaysNever), std::end(kAlwaysNever));
-  ifaddrs* list = nullptr;
-  if (getifaddrs(&list) != 0) return Error::sys(errno, "list the node's addresses");
-  for (ifaddrs* it = list; it != nullptr; it = it->ifa_next) {
-    if (it->ifa_addr == nullptr || it->ifa_addr->sa_family != AF_INET) continue;
-    const uint32_t address = ntohl(reinterpret_cast<sockaddr_in*>(it->ifa_addr)->sin_addr.s_addr);
-    if ((address >> 24) == 127) continue;  // a sandbox's 127/8 is its own loopback
-    blocks.push_back({address, 32});
-  }
-  freeifaddrs(list);
-  std::lock_guard lock(mu_);
   blocks.insert(blocks.end(), extra_never_.begin(), extra_never_.end());
-  const int fd = bpf_map__fd(skeleton_->maps.never);
-  for (const auto& old : never_installed_) {
-    dsec_egress_never_key key{static_cast<uint32_t>(old.prefix_len), htonl(old.address)};
-    (void)bpf_map_delete_elem(fd, &key);
+  DSEC_ASSIGN_OR_RETURN(std::vector<uint32_t> addresses, nodeAddresses());
+  for (uint32_t address : addresses) {
+    if (!covers(blocks, address)) blocks.push_back({address, 32});
   }
-  never_installed_.clear();
-  for (const auto& b : blocks) {
-    const uint32_t mask = b.prefix_len == 0 ? 0 : ~uint32_t{0} << (32 - b.prefix_len);
-    dsec_egress_never_key key{static_cast<uint32_t>(b.prefix_len), htonl(b.address & mask)};
+  std::set<std::pair<uint32_t, uint32_t>> wanted;
+  for (const auto& b : blocks) wanted.emplace(static_cast<uint32_t>(b.prefix_len), b.address & maskOf(b.prefix_len));
+  const int fd = bpf_map__fd(skeleton_->maps.never);
+  // New entries first, then the ones that left: a refresh never opens, even for a moment, what stays closed.
+  for (const auto& [prefix_len, address] : wanted) {
+    if (never_keys_.count({prefix_len, address}) != 0) continue;
+    dsec_egress_never_key key{prefix_len, htonl(address)};
     const uint8_t one = 1;
-    if (bpf_map_update_elem(fd, &key, &one, BPF_ANY) != 0) return Error::sys(errno, "fill the egress deny map");
-    never_installed_.push_back(b);
+    if (bpf_map_update_elem(fd, &key, &one, BPF_ANY) != 0) {
+      return Error::sys(errno, "close " + ip4Text(address) + "/" + std::to_string(prefix_len) + " to sandboxes");
+    }
+    never_keys_.emplace(prefix_len, address);
+  }
+  for (auto it = never_keys_.begin(); it != never_keys_.end();) {
+    if (wanted.count(*it) != 0) {
+      ++it;
+      continue;
+    }
+    dsec_egress_never_key key{it->first, htonl(it->second)};
+    (void)bpf_map_delete_elem(fd, &key);
+    it = never_keys_.erase(it);
   }
   return okStatus();
 }
 
+void EgressFilter::onAddressChange() {
+  // Drain every message: what changed does not matter, the refresh reads the addresses whole.
+  char buf[8192];
+  bool overrun = false;
+  while (true) {
+    const ssize_t n = ::recv(address_events_.get(), buf, sizeof buf, MSG_DONTWAIT);
+    if (n > 0) continue;
+    if (n < 0 && errno == EINTR) continue;
+    overrun = n < 0 && errno == ENOBUFS;  // messages lost: the refresh below reads the whole state anyway
+    if (!overrun) break;
+  }
+  if (auto refreshed = refreshNever(); !refreshed.ok()) {
+    DSEC_LOG(kWarn, "container") << "egress filter: the node's addresses changed and the never-reachable set could "
+                                    "not follow: "
+                                 << refreshed.error().toString();
+  }
+}
+
 Status EgressFilter::setNever(const std::vector<Ip4Block>& extra) {
   {
-    std::lock_guard lock(mu_);
+    std::lock_guard lock(never_mu_);
     extra_never_ = extra;
   }
   return refreshNever();
@@ -270,7 +353,6 @@ void EgressFilter::eraseEntries(uint64_t netns_cookie, const SandboxPolicy& poli
 }
 
 Status EgressFilter::setPolicy(uint64_t netns_cookie, const EgressPolicy& policy, uint32_t resolver_ip4) {
-  DSEC_TRY(refreshNever());  // the node's addresses as they are now
   std::lock_guard lock(mu_);
   SandboxPolicy next;
   auto found = sandboxes_.find(netns_cookie);
@@ -308,8 +390,14 @@ Status EgressFilter::installResolved(uint64_t netns_cookie, SandboxPolicy& polic
   key.generation = policy.generation;
   key.ip4 = htonl(ip4);
   key.port = htons(port);
-  double expiry = bootSeconds() + ttl_seconds;
+  const double now = bootSeconds();
+  double expiry = now + ttl_seconds;
   auto known = policy.resolved.find({ip4, port});
+  if (known == policy.resolved.end() && policy.resolved.size() >= kMaxResolvedPerSandbox) {
+    // A sandbox that resolves ever new names (its own wildcard domain) makes room in its own entries only: the
+    // expired ones, else the one that runs out first. The map is the node's; no sandbox may fill it for the others.
+    dropResolved(netns_cookie, policy, now);
+  }
   if (known != policy.resolved.end()) expiry = std::max(expiry, known->second);  // a shorter answer never cuts
   dsec_egress_resolved value{static_cast<uint64_t>(expiry * 1e9)};
   if (bpf_map_update_elem(bpf_map__fd(skeleton_->maps.resolved), &key, &value, BPF_ANY) != 0) {
@@ -317,6 +405,26 @@ Status EgressFilter::installResolved(uint64_t netns_cookie, SandboxPolicy& polic
   }
   policy.resolved[{ip4, port}] = expiry;
   return okStatus();
+}
+
+void EgressFilter::dropResolved(uint64_t netns_cookie, SandboxPolicy& policy, double now) {
+  auto forget = [&](std::map<std::pair<uint32_t, uint16_t>, double>::iterator it) {
+    dsec_egress_resolved_key key;
+    std::memset(&key, 0, sizeof key);
+    key.netns_cookie = netns_cookie;
+    key.generation = policy.generation;
+    key.ip4 = htonl(it->first.first);
+    key.port = htons(it->first.second);
+    (void)bpf_map_delete_elem(bpf_map__fd(skeleton_->maps.resolved), &key);
+    return policy.resolved.erase(it);
+  };
+  for (auto it = policy.resolved.begin(); it != policy.resolved.end();) {
+    it = it->second <= now ? forget(it) : std::next(it);
+  }
+  if (policy.resolved.size() < kMaxResolvedPerSandbox) return;
+  auto soonest = std::min_element(policy.resolved.begin(), policy.resolved.end(),
+                                  [](const auto& a, const auto& b) { return a.second < b.second; });
+  forget(soonest);
 }
 
 Status EgressFilter::allowResolved(uint64_t netns_cookie, uint32_t ip4, uint16_t port, double ttl_seconds) {
@@ -354,46 +462,12 @@ void EgressFilter::remove(uint64_t netns_cookie) {
   sandboxes_.erase(found);
 }
 
-bool EgressFilter::allows(uint64_t netns_cookie, uint32_t ip4, uint16_t port) {
-  std::lock_guard lock(mu_);
-  auto found = sandboxes_.find(netns_cookie);
-  if (found == sandboxes_.end()) return true;
-  if ((ip4 >> 24) == 127) return true;
-  const SandboxPolicy& sb = found->second;
-  if (sb.resolver_ip4 != 0 && ip4 == sb.resolver_ip4 && port == 53) return true;
-  bool listed_host = false;
-  bool listed = false;
-  for (const auto& rule : sb.policy.rules) {
-    if (!matches(rule, ip4, port)) continue;
-    listed = true;
-    listed_host = listed_host || rule.prefix_len == 32;
-  }
-  for (const auto& never : never_installed_) {
-    const uint32_t mask = never.prefix_len == 0 ? 0 : ~uint32_t{0} << (32 - never.prefix_len);
-    if ((ip4 & mask) == (never.address & mask)) return listed_host;
-  }
-  if (listed) return true;
-  const double now = bootSeconds();
-  for (uint16_t p : {port, uint16_t{0}}) {
-    auto hit = sb.resolved.find({ip4, p});
-    if (hit != sb.resolved.end() && hit->second > now) return true;
-  }
-  return false;
-}
-
-void EgressFilter::pollEvents() {
-  while (!stop_) {
-    int rc = ring_buffer__poll(ring_, 200);
-    if (rc < 0 && rc != -EINTR) {
-      DSEC_LOG(kWarn, "container") << "egress filter: reading refusals failed: " << std::strerror(-rc);
-      return;
-    }
-  }
-}
-
-int EgressFilter::onEvent(void* ctx, void* data, size_t size) {
-  static_cast<EgressFilter*>(ctx)->deliver(data, size);
-  return 0;
+bool EgressFilter::allows(uint64_t netns_cookie, uint32_t ip4, uint16_t port) const {
+  dsec_egress_sandbox sandbox{};
+  if (bpf_map_lookup_elem(bpf_map__fd(skeleton_->maps.sandboxes), &netns_cookie, &sandbox) != 0) return true;
+  const DsecEgressMapFds maps{bpf_map__fd(skeleton_->maps.allow), bpf_map__fd(skeleton_->maps.never),
+                              bpf_map__fd(skeleton_->maps.resolved)};
+  return dsec_egress_decide4(&maps, netns_cookie, &sandbox, htonl(ip4), htons(port)) == DSEC_EGRESS_ALLOWED;
 }
 
 void EgressFilter::deliver(const void* data, size_t size) {

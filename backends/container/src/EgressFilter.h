@@ -13,23 +13,22 @@
 // attaches its own where the sandbox's processes are and detaches the earlier ones (detachOthersOn).
 #pragma once
 
-#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
-#include <thread>
 #include <vector>
 
+#include "BpfEventThread.h"
 #include "dsec/backends/NetworkPolicy.h"
 #include "dsec/common/Fd.h"
 #include "dsec/common/Result.h"
 
 struct dsec_egress;
-struct ring_buffer;
 
 namespace dsec::backends {
 
@@ -41,6 +40,9 @@ struct Ip4Block {
 
 class EgressFilter {
  public:
+  // Resolved addresses one sandbox holds open at a time (the `resolved` map holds 1M for the node: 4096 sandboxes
+  // at the cap). Far above what a task resolves within the answers' lifetimes (30 s to 1 h).
+  static constexpr size_t kMaxResolvedPerSandbox = 256;
   using ViolationSink = std::function<void(uint64_t netns_cookie, Violation violation)>;
 
   // Loads the programs (attached nowhere yet); refusals go to sink.
@@ -64,8 +66,10 @@ class EgressFilter {
   // directory on a v1 host). True when removed.
   static bool removeIfEmpty(const std::string& dir);
 
-  // Addresses no sandbox reaches whatever its policy (the node's own are always added): the fleet's gateways and
-  // the like. Replaces the previous extra set.
+  // Addresses no sandbox reaches whatever its policy: the egress subnet (every sandbox's link, both ends), the fleet's
+  // gateways and the like. Replaces the previous extra set. The node's own addresses are always added, and kept
+  // current as they change (a netlink subscription on the filter's thread); one inside an extra block is covered by
+  // it and not listed again, so sandbox links, which come and go with sandboxes, never touch the map.
   Status setNever(const std::vector<Ip4Block>& extra);
   // Installs or replaces a sandbox's policy (domain rules take effect through allowResolved). resolver_ip4 (host
   // order; 0 = none) is where the sandbox may send DNS queries (port 53).
@@ -79,15 +83,17 @@ class EgressFilter {
   Status allowResolvedName(uint64_t netns_cookie, const std::string& name, uint32_t ip4, double ttl_seconds);
   // Forgets a sandbox (destroyed). Its namespace's cookie is never reused.
   void remove(uint64_t netns_cookie);
-  // Whether the sandbox's current policy lets it reach ip4:port (host order), as the programs decide.
-  bool allows(uint64_t netns_cookie, uint32_t ip4, uint16_t port);
+  // Whether the sandbox's current policy lets it reach ip4:port (host order): the programs' own decision
+  // (bpf/EgressDecision.h) on the maps they read. True for a namespace without a policy (not a sandbox of ours).
+  bool allows(uint64_t netns_cookie, uint32_t ip4, uint16_t port) const;
 
  private:
   EgressFilter() = default;
+  // Brings the never map to the extra set plus the node's addresses as they are now: new entries first, then
+  // the ones that left, so no address is ever open in between.
   Status refreshNever();
-  void pollEvents();
+  void onAddressChange();
   void deliver(const void* data, size_t size);
-  static int onEvent(void* ctx, void* data, size_t size);
 
   struct SandboxPolicy {
     uint32_t generation = 0;
@@ -98,18 +104,20 @@ class EgressFilter {
   void eraseEntries(uint64_t netns_cookie, const SandboxPolicy& policy);
   Status installResolved(uint64_t netns_cookie, SandboxPolicy& policy, uint32_t ip4, uint16_t port,
                          double ttl_seconds);  // under mu_
+  // Makes room for one more resolved address of the sandbox: drops its expired ones, else its soonest to expire.
+  void dropResolved(uint64_t netns_cookie, SandboxPolicy& policy, double now);  // under mu_
 
   dsec_egress* skeleton_ = nullptr;
   std::vector<std::string> attached_;  // directories attachTo() attached to (under mu_)
   std::vector<uint32_t> program_ids_;
   ViolationSink sink_;
-  ::ring_buffer* ring_ = nullptr;
-  std::thread events_;
-  std::atomic<bool> stop_{false};
+  UniqueFd address_events_;  // netlink: the node's IPv4 addresses changed
   std::mutex mu_;
   std::map<uint64_t, SandboxPolicy> sandboxes_;
-  std::vector<Ip4Block> extra_never_;
-  std::vector<Ip4Block> never_installed_;
+  std::mutex never_mu_;                // one refresh at a time, from reading the addresses to the last map write
+  std::vector<Ip4Block> extra_never_;  // under never_mu_
+  std::set<std::pair<uint32_t, uint32_t>> never_keys_;  // (prefix length, masked address) in the map; never_mu_
+  std::unique_ptr<BpfEventThread> events_;              // last: stopped first
 };
 
 // The cookie of the network namespace pid is in (SO_NETNS_COOKIE on a socket made there).

@@ -214,7 +214,14 @@ Status EgressNetwork::parseSubnet() {
   const uint32_t mask = len == 0 ? 0 : ~uint32_t{0} << (32 - len);
   base_ = ntohl(a.s_addr) & mask;
   blocks_ = (uint32_t{1} << (32 - len)) / 4;
+  prefix_len_ = len;
   return okStatus();
+}
+
+Result<std::pair<uint32_t, int>> EgressNetwork::block() {
+  std::lock_guard lock(mu_);
+  DSEC_TRY(parseSubnet());
+  return std::make_pair(base_, prefix_len_);
 }
 
 std::string EgressNetwork::supportProblem() {

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dsec/common/Result.h"
@@ -40,6 +41,8 @@ class EgressNetwork {
   static std::string supportProblem();
   // Where resolvers may listen (host order): the first /28 of the subnet but its first and last address.
   Result<std::vector<uint32_t>> resolverAddresses();
+  // The whole subnet (host-order base, prefix length): every sandbox link's two ends and the resolvers are in it.
+  Result<std::pair<uint32_t, int>> block();
   // Puts address/32 on the node's `lo` (already there is fine). It stays when the agent goes: other agents may
   // serve on it, and it is only reachable from sandboxes (port 53) and the node.
   static Status addNodeAddress(uint32_t address);
@@ -48,8 +51,9 @@ class EgressNetwork {
   Status parseSubnet();
 
   const std::string subnet_;
-  uint32_t base_ = 0;                             // host order
-  uint32_t blocks_ = 0;                           // /30s in the subnet
+  uint32_t base_ = 0;    // host order
+  uint32_t blocks_ = 0;  // /30s in the subnet
+  int prefix_len_ = 0;
   static constexpr uint32_t kResolverBlocks = 4;  // the first /28: resolver addresses, never a link
   std::mutex mu_;
   bool prepared_ = false;

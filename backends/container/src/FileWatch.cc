@@ -109,10 +109,13 @@ Result<std::unique_ptr<FileWatch>> FileWatch::start() {
                  "the kernel refused the file watch's BPF programs (syscall tracepoints, BTF for CO-RE)", errno);
   }
   DSEC_TRY(watch->attach());
-  watch->ring_ =
-      ring_buffer__new(bpf_map__fd(watch->skeleton_->maps.events), &FileWatch::onEvent, watch.get(), nullptr);
-  if (watch->ring_ == nullptr) return Error::sys(errno, "open the file watch's event ring");
-  watch->events_ = std::thread([w = watch.get()] { w->pollEvents(); });
+  DSEC_ASSIGN_OR_RETURN(watch->events_, BpfEventThread::start("file watch", bpf_map__fd(watch->skeleton_->maps.events),
+                                                              [w = watch.get()](const void* data, size_t size) {
+                                                                if (size < sizeof(dsec_fw_event)) return;
+                                                                dsec_fw_event event{};
+                                                                std::memcpy(&event, data, sizeof event);
+                                                                w->deliver(event);
+                                                              }));
   return watch;
 }
 
@@ -161,9 +164,7 @@ Status FileWatch::attach() {
 }
 
 FileWatch::~FileWatch() {
-  stop_ = true;
-  if (events_.joinable()) events_.join();
-  if (ring_ != nullptr) ring_buffer__free(ring_);
+  events_.reset();
   for (bpf_link* link : links_) bpf_link__destroy(link);  // closes the perf event too
   if (skeleton_ != nullptr) dsec_filewatch__destroy(skeleton_);
 }
@@ -184,24 +185,6 @@ void FileWatch::unwatch(uint32_t mntns) {
   std::lock_guard lock(mu_);
   if (sandboxes_.erase(mntns) == 0) return;
   (void)bpf_map_delete_elem(bpf_map__fd(skeleton_->maps.sandboxes), &mntns);
-}
-
-void FileWatch::pollEvents() {
-  while (!stop_) {
-    int rc = ring_buffer__poll(ring_, 200);
-    if (rc < 0 && rc != -EINTR) {
-      DSEC_LOG(kWarn, "container") << "file watch: reading refusals failed: " << std::strerror(-rc);
-      return;
-    }
-  }
-}
-
-int FileWatch::onEvent(void* ctx, void* data, size_t size) {
-  if (size < sizeof(dsec_fw_event)) return 0;
-  dsec_fw_event event{};
-  std::memcpy(&event, data, sizeof event);
-  static_cast<FileWatch*>(ctx)->deliver(event);
-  return 0;
 }
 
 void FileWatch::deliver(const dsec_fw_event& event) {

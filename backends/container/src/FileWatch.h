@@ -11,22 +11,20 @@
 
 #include <sys/types.h>
 
-#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
+#include "BpfEventThread.h"
 #include "ViolationLog.h"
 #include "dsec/common/Result.h"
 
 struct dsec_filewatch;
 struct dsec_fw_event;
-struct ring_buffer;
 struct bpf_link;
 
 namespace dsec::backends {
@@ -54,19 +52,15 @@ class FileWatch {
  private:
   FileWatch() = default;
   Status attach();
-  void pollEvents();
   void deliver(const dsec_fw_event& event);
-  static int onEvent(void* ctx, void* data, size_t size);
 
   dsec_filewatch* skeleton_ = nullptr;
   std::vector<bpf_link*> links_;
   size_t watched_calls_ = 0;
   bool callers_visible_ = false;  // the agent sees the callers' pids (it is in the initial pid namespace)
-  ::ring_buffer* ring_ = nullptr;
-  std::thread events_;
-  std::atomic<bool> stop_{false};
   std::mutex mu_;
   std::map<uint32_t, Watched> sandboxes_;
+  std::unique_ptr<BpfEventThread> events_;  // last: stopped first, before what deliver() uses goes
 };
 
 // The inode of the mount namespace of the process pidfd names (pid: the same process, for kernels before 6.11).

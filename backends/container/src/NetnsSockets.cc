@@ -44,17 +44,25 @@ struct DiagSocket {
 };
 
 // Lists the sockets of one family and protocol (every state) in the calling thread's namespace.
-Result<std::vector<DiagSocket>> dumpSockets(int nl, uint8_t family, uint8_t protocol) {
-  struct {
-    nlmsghdr header;
-    inet_diag_req_v2 request;
-  } req{};
+// A sock_diag request for sockets of one family and protocol in every state: a dump (type SOCK_DIAG_BY_FAMILY)
+// or one socket's destruction (SOCK_DESTROY, with its id).
+struct DiagRequest {
+  nlmsghdr header;
+  inet_diag_req_v2 request;
+};
+DiagRequest diagRequest(uint16_t type, uint16_t flags, uint8_t family, uint8_t protocol) {
+  DiagRequest req{};
   req.header.nlmsg_len = sizeof req;
-  req.header.nlmsg_type = SOCK_DIAG_BY_FAMILY;
-  req.header.nlmsg_flags = NLM_F_REQUEST | NLM_F_DUMP;
+  req.header.nlmsg_type = type;
+  req.header.nlmsg_flags = NLM_F_REQUEST | flags;
   req.request.sdiag_family = family;
   req.request.sdiag_protocol = protocol;
   req.request.idiag_states = ~0U;
+  return req;
+}
+
+Result<std::vector<DiagSocket>> dumpSockets(int nl, uint8_t family, uint8_t protocol) {
+  const DiagRequest req = diagRequest(SOCK_DIAG_BY_FAMILY, NLM_F_DUMP, family, protocol);
   if (::send(nl, &req, sizeof req, 0) < 0) return Error::sys(errno, "sock_diag dump");
   std::vector<DiagSocket> out;
   alignas(nlmsghdr) char buf[16384];
@@ -74,16 +82,7 @@ Result<std::vector<DiagSocket>> dumpSockets(int nl, uint8_t family, uint8_t prot
 }
 
 Status destroySocket(int nl, const DiagSocket& socket, uint8_t protocol) {
-  struct {
-    nlmsghdr header;
-    inet_diag_req_v2 request;
-  } req{};
-  req.header.nlmsg_len = sizeof req;
-  req.header.nlmsg_type = SOCK_DESTROY;
-  req.header.nlmsg_flags = NLM_F_REQUEST | NLM_F_ACK;
-  req.request.sdiag_family = socket.family;
-  req.request.sdiag_protocol = protocol;
-  req.request.idiag_states = ~0U;
+  DiagRequest req = diagRequest(SOCK_DESTROY, NLM_F_ACK, socket.family, protocol);
   req.request.id = socket.id;
   if (::send(nl, &req, sizeof req, 0) < 0) return Error::sys(errno, "sock_diag destroy");
   alignas(nlmsghdr) char buf[1024];

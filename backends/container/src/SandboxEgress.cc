@@ -97,7 +97,10 @@ Result<EgressFilter*> startedEgressFilter(ContainerShared& shared) {
     shared.egress_agent_dir = dir;
     where = dir;
   }
-  std::vector<Ip4Block> never;
+  // The egress subnet whole: every link's node end (a node address that comes and goes with its sandbox) and every
+  // other sandbox. The nftables rules close them too; here a try is refused at connect and recorded.
+  DSEC_ASSIGN_OR_RETURN(auto subnet, shared.egress->block());
+  std::vector<Ip4Block> never = {{subnet.first, subnet.second}};
   for (const auto& cidr : shared.options.egress_never) {
     auto rule = parseEgressRule(cidr);
     if (!rule.ok() || rule->isDomain() || rule->port != 0) {

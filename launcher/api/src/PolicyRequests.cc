@@ -16,25 +16,32 @@ Result<std::vector<std::string>> parseStringList(const json& v, const std::strin
   return out;
 }
 
-Result<backends::EgressPolicy> parseNetworkBody(const json& body) {
-  if (!body.is_object()) return Error::invalid("expected {\"egress\": [...]}");
+namespace {
+
+// A body of exactly one field, a list of strings: {"<field>": [...]} (what names what the list is for).
+Result<std::vector<std::string>> parseListBody(const json& body, const std::string& field, const std::string& what,
+                                               const std::string& meaning) {
+  if (!body.is_object()) return Error::invalid("expected {\"" + field + "\": [...]}");
   for (const auto& [key, value] : body.items()) {
-    if (key != "egress") return fieldError(key, "unknown field (the network takes \"egress\")");
+    if (key != field) return fieldError(key, "unknown field (" + what + " takes \"" + field + "\")");
   }
-  if (!body.contains("egress")) return fieldError("egress", "required: the destinations allowed ([] for none)");
-  DSEC_ASSIGN_OR_RETURN(std::vector<std::string> entries, parseStringList(body["egress"], "egress"));
+  if (!body.contains(field)) return fieldError(field, "required: " + meaning + " ([] for none)");
+  return parseStringList(body[field], field);
+}
+
+}  // namespace
+
+Result<backends::EgressPolicy> parseNetworkBody(const json& body) {
+  DSEC_ASSIGN_OR_RETURN(std::vector<std::string> entries,
+                        parseListBody(body, "egress", "the network", "the destinations allowed"));
   auto policy = backends::parseEgressPolicy(entries);
   if (!policy.ok()) return fieldError("egress", policy.error().message());
   return policy;
 }
 
 Result<std::vector<std::string>> parseProtectBody(const json& body) {
-  if (!body.is_object()) return Error::invalid("expected {\"paths\": [...]}");
-  for (const auto& [key, value] : body.items()) {
-    if (key != "paths") return fieldError(key, "unknown field (protect takes \"paths\")");
-  }
-  if (!body.contains("paths")) return fieldError("paths", "required: the paths to protect ([] for none)");
-  DSEC_ASSIGN_OR_RETURN(std::vector<std::string> paths, parseStringList(body["paths"], "paths"));
+  DSEC_ASSIGN_OR_RETURN(std::vector<std::string> paths,
+                        parseListBody(body, "paths", "protect", "the paths to protect"));
   auto normal = backends::parseProtectedPaths(paths);
   if (!normal.ok()) return fieldError("paths", normal.error().message());
   return normal;
