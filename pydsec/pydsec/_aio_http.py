@@ -61,6 +61,7 @@ class InFlight:
         self.count = 0  # slots held
         self._waiters: Deque["asyncio.Future[None]"] = collections.deque()  # each waits for a slot handed over
         self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self.generation = 0  # one per event loop: a slot of an earlier loop's gives nothing back when released
 
     @property
     def waiting(self) -> int:
@@ -70,6 +71,7 @@ class InFlight:
         loop = asyncio.get_running_loop()
         if self._loop is not loop:  # a new event loop: the slots and waiters of the old one are gone with it
             self._loop = loop
+            self.generation += 1
             self.count = 0
             self._waiters.clear()
         if self.count < self.limit and not self._waiters:
@@ -102,10 +104,11 @@ class InFlight:
 class _Slot:
     def __init__(self, limit: InFlight):
         self._limit: Optional[InFlight] = limit
+        self._generation = limit.generation
 
     def release(self) -> None:
         limit, self._limit = self._limit, None
-        if limit is not None:
+        if limit is not None and limit.generation == self._generation:
             limit._release()
 
 
@@ -200,7 +203,10 @@ class AsyncResponse:
     def __del__(self) -> None:
         # A response dropped unfinished must not hold its request slot (nor its socket) for ever.
         if self._conn is not None or self._slot is not None:
-            self.close()
+            try:
+                self.close()
+            except Exception:  # its event loop is gone  # noqa: BLE001
+                pass
 
     async def _fill(self, n: int) -> bytes:
         """Up to n body bytes from the connection, at least one unless the body has ended (then b"")."""
