@@ -490,7 +490,7 @@ class Client:
     ``max_in_flight`` (default 1024): at most this many requests of this client are in flight at once (an open
     exec stream counts until it ends); more wait for a slot, in order, and none is dropped. It protects the
     fleet from a trainer that starts more work than it can take, and bounds the client's sockets.
-    ``max_workers``: threads for local file work (packing ``upload``\\ s, unpacking ``download``\\ s).
+    ``max_workers`` (default 4): threads for local file work only (packing an upload, unpacking a download).
     """
 
     def __init__(self, endpoint: Union[None, str, Sequence[str]] = None, token: Optional[str] = None,
