@@ -7,6 +7,7 @@
 #include <mutex>
 
 #include "BenchSupport.h"
+#include "Progress.h"
 #include "dsec/backends/BackendKind.h"
 #include "dsec/common/Strings.h"
 
@@ -23,7 +24,8 @@ struct CreatePhase {
 };
 
 // count creates of create_body, each followed by `true`, on `concurrency` keep-alive connections.
-CreatePhase createAll(const BenchTarget& target, const nlohmann::json& create_body, int count, int concurrency) {
+CreatePhase createAll(const BenchTarget& target, const nlohmann::json& create_body, int count, int concurrency,
+                      Progress& progress) {
   CreatePhase phase;
   std::mutex mu;
   std::atomic<int> next{0};
@@ -35,6 +37,7 @@ CreatePhase createAll(const BenchTarget& target, const nlohmann::json& create_bo
       double t1 = t0;
       std::string error = createAndExec(client, create_body, exec_body, &mu, &phase.ids, &t1);
       double t2 = monotonicSeconds();
+      progress.advance();
       std::lock_guard lock(mu);
       if (!error.empty()) {
         ++phase.failures;
@@ -81,13 +84,18 @@ int benchCreate(const Invocation& inv) {
             << concurrency << " against " << target->address.endpoint << "\n";
   auto mem_before = hostMemoryUsedMb();
   if (!mem_before.ok()) return reportError(inv, mem_before.error());
-  CreatePhase phase = createAll(*target, {{"image", target->image}, {"backend", backend}}, count, concurrency);
+  Progress progress("bench create");
+  progress.step("create and exec", count);
+  CreatePhase phase =
+      createAll(*target, {{"image", target->image}, {"backend", backend}}, count, concurrency, progress);
   auto mem_after = hostMemoryUsedMb();
 
   double destroy_start = monotonicSeconds();
-  int destroy_failures = destroyAll(target->address, phase.ids, concurrency);
+  progress.step("destroy", static_cast<int64_t>(phase.ids.size()));
+  int destroy_failures = destroyAll(target->address, phase.ids, concurrency, &progress);
   double destroy_seconds = monotonicSeconds() - destroy_start;
   if (target->node) target->node->stop(true);
+  progress.finish();
 
   const auto& latencies_ms = phase.latencies_ms;
   double per_second = static_cast<double>(latencies_ms.size()) / phase.wall;

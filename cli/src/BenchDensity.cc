@@ -15,6 +15,7 @@
 
 #include "BenchDensityMemory.h"
 #include "BenchSupport.h"
+#include "Progress.h"
 #include "dsec/common/Directory.h"
 #include "dsec/common/Strings.h"
 #include "dsec/fs3/LayerRef.h"
@@ -111,7 +112,7 @@ CreateP50s firstAndLastCreateP50(std::vector<std::pair<double, double>> creates)
 }
 
 // Creates sandboxes until the count is reached or one create or exec fails.
-Held holdSandboxes(const BenchTarget& target, const RunConfig& rc) {
+Held holdSandboxes(const BenchTarget& target, const RunConfig& rc, Progress& progress) {
   Held out;
   std::mutex mu;
   std::atomic<int> next{0};
@@ -136,8 +137,8 @@ Held holdSandboxes(const BenchTarget& target, const RunConfig& rc) {
         if (out.first_error.empty()) out.first_error = error;
         continue;
       }
-      int now = ++held;
-      if (now % 100 == 0) std::printf("  %d held after %.1f s\n", now, monotonicSeconds() - start), std::fflush(stdout);
+      ++held;
+      progress.advance();
     }
   });
   out.seconds = monotonicSeconds() - start;
@@ -265,15 +266,20 @@ RunResult runOnce(const Invocation& inv, const RunConfig& rc, int* exit_code) {
   memory.host_before_mb = hostMemoryMb();
   memory.cache_before = imageResidentBytes(rc.target.root, target->image);
   memory.agent_fds_before = openFdsIfEmbedded(*target);
-  Held held = holdSandboxes(*target, rc);
+  Progress progress(std::string("bench density (controller ") + (rc.controller ? "on" : "off") + ")");
+  progress.step("create and hold", rc.count);
+  Held held = holdSandboxes(*target, rc, progress);
+  progress.step("settling, then measuring");
   sleep(2);  // let the page cache and the controller settle before measuring
   readAfter(*target, rc, &memory);
   RunResult res = runResult(rc, held, memory);
 
   double destroy_start = monotonicSeconds();
-  int destroy_failures = destroyAll(target->address, held.ids, rc.concurrency);
+  progress.step("destroy", static_cast<int64_t>(held.ids.size()));
+  int destroy_failures = destroyAll(target->address, held.ids, rc.concurrency, &progress);
   double destroy_seconds = monotonicSeconds() - destroy_start;
   if (target->node) target->node->stop(true);
+  progress.finish(std::to_string(held.held) + " held");
   if (!limited.empty()) ::rmdir(limited.c_str());
 
   printRun(rc, res, memory);

@@ -8,6 +8,7 @@
 #include <mutex>
 
 #include "BenchSupport.h"
+#include "Progress.h"
 #include "dsec/common/Strings.h"
 #include "dsec/fs3/LayerStore.h"
 #include "dsec/launcher/node/NodeFncall.h"
@@ -79,7 +80,7 @@ Status checkEmbeddedImage(const std::string& root, const std::string& image) {
 }
 
 // n calls of POST /v1/call over the configured concurrency.
-Phase runCalls(const BenchTarget& target, const FncallBenchConfig& c, int n) {
+Phase runCalls(const BenchTarget& target, const FncallBenchConfig& c, int n, Progress& progress) {
   Phase phase;
   nlohmann::json call_body{{"code", c.code}, {"language", c.language}, {"image", target.image}};
   std::mutex mu;
@@ -91,6 +92,7 @@ Phase runCalls(const BenchTarget& target, const FncallBenchConfig& c, int n) {
       double t0 = monotonicSeconds();
       auto r = client.call(HttpMethod::kPost, "/v1/call", call_body);
       double ms = (monotonicSeconds() - t0) * 1000.0;
+      progress.advance();
       std::string error;
       if (!r.ok()) {
         error = r.error().message();
@@ -112,7 +114,7 @@ Phase runCalls(const BenchTarget& target, const FncallBenchConfig& c, int n) {
 }
 
 // What SandboxFusion does per call: a fresh sandbox, a fresh interpreter in it, the sandbox destroyed.
-Phase runBaseline(const BenchTarget& target, const FncallBenchConfig& c) {
+Phase runBaseline(const BenchTarget& target, const FncallBenchConfig& c, Progress& progress) {
   Phase baseline;
   std::mutex mu;
   std::atomic<int> next{0};
@@ -132,6 +134,7 @@ Phase runBaseline(const BenchTarget& target, const FncallBenchConfig& c) {
         }
       }
       double ms = (monotonicSeconds() - t0) * 1000.0;
+      progress.advance();
       std::lock_guard lock(mu);
       if (!error.empty()) {
         baseline.fail(error);
@@ -222,13 +225,20 @@ int benchFncall(const Invocation& inv) {
             << c.concurrency << " against " << target->address.endpoint << "\n";
 
   FncallBenchRun run;
-  run.warm = runCalls(*target, c, c.warmup);
+  Progress progress("bench fncall");
+  progress.step("warm-up calls", c.warmup);
+  run.warm = runCalls(*target, c, c.warmup, progress);
   run.load_before = loadAverage1m();
-  run.measured = runCalls(*target, c, c.count);
-  if (c.baseline_count > 0) run.baseline = runBaseline(*target, c);
+  progress.step("measured calls", c.count);
+  run.measured = runCalls(*target, c, c.count, progress);
+  if (c.baseline_count > 0) {
+    progress.step("baseline: a sandbox per call", c.baseline_count);
+    run.baseline = runBaseline(*target, c, progress);
+  }
   run.load_after = loadAverage1m();
   run.fncall_stats = fncallStats(*target);
   if (target->node) target->node->stop(true);
+  progress.finish();
   printReport(c, run);
   return run.measured.failures == 0 && run.baseline.failures == 0 ? kExitOk : kExitFailure;
 }

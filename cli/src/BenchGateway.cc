@@ -16,6 +16,7 @@
 
 #include "BenchGatewayLoad.h"
 #include "BenchSupport.h"
+#include "Progress.h"
 #include "dsec/common/Logging.h"
 #include "dsec/common/Strings.h"
 #include "dsec/launcher/api/ApiServer.h"
@@ -277,6 +278,8 @@ int benchGateway(const Invocation& inv) {
   GatewayBenchRun run;
   run.load_before = loadAverage1m();
   double t_start = monotonicSeconds();
+  Progress progress("bench gateway");
+  progress.step("starting " + std::to_string(c.nodes) + " simulated nodes");
   auto cell = startCell(c, dir.path, token);
   if (!cell.ok()) return reportError(inv, cell.error());
   int port = cell->gateway_http->port();
@@ -295,11 +298,15 @@ int benchGateway(const Invocation& inv) {
   load.warmup = c.warmup;
   load.count = c.count;
   load.concurrency = c.concurrency;
+  load.progress = &progress;
+  progress.step("creates through the gateway", c.warmup + c.count);
   run.load = runCreateLoad(load);
   run.load_after = loadAverage1m();
+  progress.step("checking the books and stopping the nodes");
   run.books = checkBooks(*cell, run.load.ids);
   cell->stop();
   run.down_seconds = stopNodes(*cell);
+  progress.finish();
   printReport(c, run, dir.path);
   return run.load.failures == 0 && run.books.match() ? kExitOk : kExitFailure;
 }

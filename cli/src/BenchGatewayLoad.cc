@@ -14,6 +14,7 @@
 #include <cstring>
 #include <thread>
 
+#include "Progress.h"
 #include "dsec/common/Strings.h"
 
 namespace dsec::cli {
@@ -176,6 +177,7 @@ CreateLoadResult runCreateLoad(const CreateLoad& load) {
         double t0 = monotonicSeconds();
         int status = client.create(&answer);
         double t1 = monotonicSeconds();
+        if (load.progress != nullptr) load.progress->advance();
         bool measured = i >= load.warmup;
         if (!measured && ++warm_done == load.warmup) measure_start.store(t1);
         std::string id = status == 201 ? idOf(answer) : "";

@@ -7,12 +7,15 @@
 
 namespace dsec::cli {
 
+class Progress;
+
 struct CreateLoad {
   int port = 0;         // the gateway's, on 127.0.0.1
   std::string request;  // the whole POST /v1/sandboxes request, sent as is for every create
   int warmup = 0;       // creates before the measurement (their latencies are not kept)
   int count = 0;        // creates measured
   int concurrency = 1;
+  Progress* progress = nullptr;  // counts every create, warm-up included
 };
 
 struct CreateLoadResult {

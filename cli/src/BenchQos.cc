@@ -20,6 +20,7 @@
 
 #include "BenchSupport.h"
 #include "BusyboxRootfs.h"
+#include "Progress.h"
 #include "dsec/common/Process.h"
 #include "dsec/common/Strings.h"
 #include "dsec/fs3/LayerStore.h"
@@ -207,6 +208,7 @@ int benchQos(const Invocation& inv) {
   std::fflush(stdout);
 
   QosRound round(common.root, *image, o);
+  Progress progress("bench qos");
   json rounds = json::array();
   std::vector<double> unprotected, shared_pool, protected_, unprotected_p50, protected_p50;
   for (int r = 0; r < o.rounds; ++r) {
@@ -216,9 +218,11 @@ int benchQos(const Invocation& inv) {
                                                                     {"shared_pool", {true, false, true}},
                                                                     {"protected", {true, true, true}}};
     for (const auto& [name, s] : settings) {
+      progress.step("round " + std::to_string(r + 1) + " of " + std::to_string(o.rounds) + ": " + name);
       auto figures = round.measure(s[0], s[1], s[2]);
       if (!figures.ok()) return reportError(inv, figures.error().wrap(std::string("round ") + name));
       row[name] = *figures;
+      progress.hold();  // the round's line goes to stdout, on the same terminal
       std::printf("  round %d %-12s p50 %8.1f us  mean %8.1f us  p99 %8.1f us  (qos %s, cpuset %s)  load %s\n", r + 1,
                   name, figures->value("p50_us", 0.0), figures->value("mean_us", 0.0), figures->value("p99_us", 0.0),
                   figures->value("qos", json("-")).dump().c_str(), figures->value("cpuset", json("-")).dump().c_str(),
@@ -239,6 +243,7 @@ int benchQos(const Invocation& inv) {
     protected_.push_back(row["protected_slowdown_pct"]);
     rounds.push_back(row);
   }
+  progress.finish();
   auto spread = [](const std::vector<double>& v) {
     return json{{"min", *std::min_element(v.begin(), v.end())}, {"max", *std::max_element(v.begin(), v.end())}};
   };

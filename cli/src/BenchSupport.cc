@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "LayerBuild.h"
+#include "Progress.h"
 #include "dsec/common/Pressure.h"
 #include "dsec/common/Strings.h"
 #include "dsec/fs3/LayerStore.h"
@@ -116,12 +117,13 @@ void runWorkers(const FleetAddress& address, int threads, const std::function<vo
   for (auto& thread : pool) thread.join();
 }
 
-int destroyAll(const FleetAddress& address, const std::vector<std::string>& ids, int threads) {
+int destroyAll(const FleetAddress& address, const std::vector<std::string>& ids, int threads, Progress* progress) {
   std::atomic<size_t> next{0};
   std::atomic<int> failures{0};
   runWorkers(address, threads, [&](ApiClient& client, int) {
     for (size_t i = next++; i < ids.size(); i = next++) {
       if (!client.call(HttpMethod::kDelete, "/v1/sandboxes/" + urlEncode(ids[i])).ok()) ++failures;
+      if (progress != nullptr) progress->advance();
     }
   });
   return failures.load();

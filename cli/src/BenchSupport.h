@@ -15,6 +15,8 @@
 
 namespace dsec::cli {
 
+class Progress;
+
 struct BenchTargetOptions {
   std::string root;
   std::string endpoint;  // use this running fleet (token from DSEC_TOKEN or --token)
@@ -61,7 +63,8 @@ std::string createAndExec(ApiClient& client, const nlohmann::json& create_body, 
                           std::mutex* mu, std::vector<std::string>* ids, double* created_at = nullptr,
                           bool retry_when_full = false);
 
-// Destroys the sandboxes with `threads` clients; returns how many failed.
-int destroyAll(const FleetAddress& address, const std::vector<std::string>& ids, int threads);
+// Destroys the sandboxes with `threads` clients; returns how many failed. progress (optional) counts each.
+int destroyAll(const FleetAddress& address, const std::vector<std::string>& ids, int threads,
+               Progress* progress = nullptr);
 
 }  // namespace dsec::cli

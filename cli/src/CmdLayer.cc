@@ -4,6 +4,7 @@
 
 #include "Commands.h"
 #include "LayerBuild.h"
+#include "Progress.h"
 #include "Table.h"
 #include "dsec/common/Process.h"
 #include "dsec/common/Strings.h"
@@ -75,6 +76,9 @@ int layerBuild(const Invocation& inv) {
   }
 
   fs3::LayerStore store(common.root);
+  Progress progress("layer build " + ref.toString());
+  store.setBuildProgress({[&progress](const std::string& step) { progress.step(step); },
+                          [&progress](std::string_view detail) { progress.detail(detail); }});
   Result<fs3::LayerManifest> built = Error::internal("no source");
   if (vm.count("from-dir") != 0) {
     std::string dir = vm["from-dir"].as<std::string>();
@@ -89,7 +93,8 @@ int layerBuild(const Invocation& inv) {
     std::string mirror = vm.count("mirror") != 0 ? vm["mirror"].as<std::string>() : "";
     built = store.buildDebootstrap(ref, vm["debootstrap"].as<std::string>(), mirror);
   } else {
-    auto outcome = buildLayerByRunning(store, ref, vm["on"].as<std::string>(), vm["run"].as<std::string>(), scrub_git);
+    auto outcome =
+        buildLayerByRunning(store, ref, vm["on"].as<std::string>(), vm["run"].as<std::string>(), scrub_git, &progress);
     if (!outcome.ok()) return reportError(inv, outcome.error());
     if (outcome->exit_code != 0) {
       reportError(inv, "the command exited with " + std::to_string(outcome->exit_code) + "; no layer was built");
@@ -99,6 +104,7 @@ int layerBuild(const Invocation& inv) {
     built = outcome->manifest;
   }
   if (!built.ok()) return reportError(inv, built.error());
+  progress.finish();
   printManifest(*built);
   return kExitOk;
 }

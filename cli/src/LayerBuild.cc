@@ -14,6 +14,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "Progress.h"
 #include "dsec/backends/container/ContainerBackend.h"
 #include "dsec/common/Fd.h"
 #include "dsec/common/Process.h"
@@ -115,7 +116,10 @@ Status dropHostNetworkFiles(const std::string& upper) {
 }  // namespace
 
 Result<RunBuildOutcome> buildLayerByRunning(fs3::LayerStore& store, const fs3::LayerRef& ref, const std::string& image,
-                                            const std::string& command, bool scrub_git) {
+                                            const std::string& command, bool scrub_git, Progress* progress) {
+  auto step = [progress](const std::string& name) {
+    if (progress != nullptr) progress->step(name);
+  };
   if (store.exists(ref)) {
     return Error(ErrorCode::kAlreadyExists,
                  "layer " + ref.toString() + " already exists (layers are immutable: build a new version)");
@@ -129,6 +133,7 @@ Result<RunBuildOutcome> buildLayerByRunning(fs3::LayerStore& store, const fs3::L
   std::string upper = build.path() + "/upper";
   DSEC_TRY(makeDirs(build.path(), 0700));
 
+  step("mounting " + image);
   fs3::LayerMounter mounter(&store);
   DSEC_ASSIGN_OR_RETURN(auto mounted, mounter.acquire(layers));
 
@@ -143,7 +148,10 @@ Result<RunBuildOutcome> buildLayerByRunning(fs3::LayerStore& store, const fs3::L
   spec.env = {{"PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
               {"HOME", "/root"},
               {"DEBIAN_FRONTEND", "noninteractive"}};
+  step("starting the build sandbox");
   DSEC_ASSIGN_OR_RETURN(auto sandbox, backend->create(spec));
+  step("running " + command);
+  if (progress != nullptr) progress->hold();  // the command's own output follows
 
   backends::ExecRequest request;
   request.argv = {"/bin/sh", "-c", command};
@@ -163,6 +171,7 @@ Result<RunBuildOutcome> buildLayerByRunning(fs3::LayerStore& store, const fs3::L
   if (ran->exit_code != 0) return outcome;
   DSEC_TRY(dropHostNetworkFiles(upper));
   if (scrub_git) {  // while the image is still mounted: its layers are checked for files under each repository
+    step("scrubbing git repositories");
     fs3::GitScrubOptions options;
     options.original_root = "/";
     options.lower_dirs = mounted->dirs();

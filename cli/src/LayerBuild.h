@@ -11,6 +11,8 @@
 
 namespace dsec::cli {
 
+class Progress;
+
 struct RunBuildOutcome {
   int exit_code = 0;                              // the command's; non-zero means no layer was made
   fs3::LayerManifest manifest;                    // valid when exit_code == 0
@@ -22,8 +24,10 @@ struct RunBuildOutcome {
 // to our terminal; then captures that upper (whiteouts and opaque dirs included) as the layer. The build dir
 // is removed whatever happens. With scrub_git the upper's git repositories are first replaced by one commit of
 // their working trees (fs3::scrubGitRepositories; one in a directory the image has files in is refused).
+// progress (optional) is told each step, and held while the command's output streams.
 Result<RunBuildOutcome> buildLayerByRunning(fs3::LayerStore& store, const fs3::LayerRef& ref, const std::string& image,
-                                            const std::string& command, bool scrub_git = false);
+                                            const std::string& command, bool scrub_git = false,
+                                            Progress* progress = nullptr);
 
 // --from-dir DIR --scrub-git: the layer is made from a copy of DIR whose git repositories were replaced by one
 // commit of their working trees. DIR is only read.

@@ -88,8 +88,28 @@ Result<pid_t> spawnCapturing(const std::vector<std::string>& argv, const Command
 
 // Reads fd until EOF, keeping the last kOutputCap bytes in *output; at the deadline (0: none) kills the
 // process group `pid` leads and returns true (timed out).
-bool collectOutput(int fd, pid_t pid, double deadline, std::string* output) {
+// Hands complete lines of output to on_line; `partial` keeps the unfinished end (bounded: a line longer than
+// the buffer is handed over in pieces).
+void emitLines(const std::function<void(std::string_view)>& on_line, std::string* partial, const char* data,
+               size_t size) {
+  if (!on_line) return;
+  partial->append(data, size);
+  size_t start = 0;
+  for (size_t nl = partial->find('\n'); nl != std::string::npos; nl = partial->find('\n', start)) {
+    on_line(std::string_view(*partial).substr(start, nl - start));
+    start = nl + 1;
+  }
+  partial->erase(0, start);
+  if (partial->size() > 65536) {
+    on_line(*partial);
+    partial->clear();
+  }
+}
+
+bool collectOutput(int fd, pid_t pid, double deadline, std::string* output,
+                   const std::function<void(std::string_view)>& on_line) {
   bool timed_out = false;
+  std::string partial;
   char buf[65536];
   while (true) {
     int wait_ms = -1;
@@ -110,8 +130,10 @@ bool collectOutput(int fd, pid_t pid, double deadline, std::string* output) {
     if (got < 0 && errno == EINTR) continue;
     if (got <= 0) break;
     output->append(buf, static_cast<size_t>(got));
+    emitLines(on_line, &partial, buf, static_cast<size_t>(got));
     if (output->size() > 2 * kOutputCap) output->erase(0, output->size() - kOutputCap);
   }
+  if (on_line && !partial.empty()) on_line(partial);
   if (output->size() > kOutputCap) output->erase(0, output->size() - kOutputCap);
   return timed_out;
 }
@@ -129,7 +151,7 @@ Result<CommandResult> runCommand(const std::vector<std::string>& argv, const Com
 
   CommandResult result;
   double deadline = options.timeout_seconds > 0 ? monotonicSeconds() + options.timeout_seconds : 0;
-  const bool timed_out = collectOutput(read_end.get(), pid, deadline, &result.output);
+  const bool timed_out = collectOutput(read_end.get(), pid, deadline, &result.output, options.on_line);
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }

@@ -112,6 +112,7 @@ Result<LayerManifest> LayerStore::buildFromCopyOfDir(const LayerRef& ref, const 
   // --preserve=all: a failure to keep an xattr or SELinux label is not fatal, as with mkfs.erofs of dir itself.
   CommandOptions options;
   options.timeout_seconds = 3600;
+  reportStep("copying " + dir);
   auto copied = runCommandChecked(
       {"cp", "-a", "--preserve=all", "--reflink=auto", "--no-target-directory", "--", dir, tree}, options);
   if (!copied.ok()) return copied.error().wrap("building layer " + ref.toString() + ": copying " + dir);
@@ -150,6 +151,12 @@ Result<LayerManifest> LayerStore::buildDebootstrap(const LayerRef& ref, const st
   CommandOptions options;
   options.extra_env = {{"DEBIAN_FRONTEND", "noninteractive"}, {"LC_ALL", "C"}};
   options.timeout_seconds = 1800;
+  if (progress_.detail) {
+    options.on_line = [this](std::string_view line) {
+      if (line.substr(0, 3) == "I: ") progress_.detail(line.substr(3));  // its own "I: Retrieving ..." steps
+    };
+  }
+  reportStep("debootstrap " + suite + " from " + mirror);
   auto run = runCommand({"debootstrap", "--variant=minbase", suite, rootfs, mirror}, options);
   // debootstrap mounts /proc and /sys inside its target; a killed one leaves them there. (The tmpfs stays.)
   detachMountsUnder(rootfs, false);
@@ -172,10 +179,12 @@ Result<LayerManifest> LayerStore::publish(const LayerRef& ref, StagingDir& stagi
   std::string context = "building layer " + ref.toString();
   std::string image = staging.path() + "/" + kImageFile;
   double start = monotonicSeconds();
+  reportStep("packing the EROFS image");
   Status made = makeErofsImage(tree, image);
   if (!made.ok()) return made.error().wrap(context);
   if (::chmod(image.c_str(), 0444) != 0) return Error::sys(errno, "chmod " + image).wrap(context);
   double mkfs_done = monotonicSeconds();
+  reportStep("checksumming and publishing");
   auto digest = syncAndHashFile(image);
   if (!digest.ok()) return digest.error().wrap(context);
   LayerManifest m;

@@ -124,6 +124,7 @@ std::string startGateway(const LaunchOptions& options, const std::string& fleet_
   config.port = options.port;
   config.lost_after_seconds = options.lost_after;
   config.http = options.serve.http;
+  config.run_code_listen = options.gateway_run_code_listen;
   for (const auto& [path, text] :
        {std::pair{config.token_file, token},
         std::pair{config.seed_file, json{{"fleet", fleet_name}, {"nodes", nodes}}.dump(2)}}) {

@@ -55,6 +55,11 @@ TEST_F(CliLayer, BuildFromDirListRefuseRebuildRemove) {
   auto r = dsec({"layer", "build", "demo:1", "--from-dir", src.path()});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("built demo:1"), std::string::npos) << r.out;
+  // Not a terminal: the steps one line each, then the end, on stderr.
+  EXPECT_NE(r.err.find("layer build demo:1: packing the EROFS image\n"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("layer build demo:1: checksumming and publishing\n"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("layer build demo:1: done in "), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find('\r'), std::string::npos) << "a log got a terminal's status line: " << r.err;
 
   r = dsec({"layer", "ls"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -65,6 +70,7 @@ TEST_F(CliLayer, BuildFromDirListRefuseRebuildRemove) {
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("dsec layer build: "), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("exists"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("done in"), std::string::npos) << "a refused build said it was done: " << r.err;
 
   // A new version of the same layer is independent.
   r = dsec({"layer", "build", "demo:2", "--from-dir", src.path()});

@@ -1,6 +1,10 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <string>
+#include <string_view>
+#include <vector>
+
 #include "dsec/common/Fault.h"
 #include "dsec/common/Process.h"
 #include "dsec/testing/TestSupport.h"
@@ -33,6 +37,16 @@ TEST(RunCommand, TimeoutKillsTheWholeProcessGroup) {
   ASSERT_ERROR(r, ErrorCode::kTimeout);
   ::usleep(1500 * 1000);
   EXPECT_NE(::access(marker.c_str(), F_OK), 0) << "the background child survived the timeout";
+}
+
+TEST(RunCommand, EachLineReachesOnLineAsItComesAndTheOutputIsStillKept) {
+  CommandOptions options;
+  std::vector<std::string> lines;
+  options.on_line = [&lines](std::string_view line) { lines.emplace_back(line); };
+  auto r = runCommand({"/bin/sh", "-c", "echo I: one; printf 'two\\n\\nthree'; sleep 0.1; echo ' four'"}, options);
+  ASSERT_TRUE(r.ok()) << r.error().toString();
+  EXPECT_EQ(lines, (std::vector<std::string>{"I: one", "two", "", "three four"}));
+  EXPECT_EQ(r->output, "I: one\ntwo\n\nthree four\n");
 }
 
 TEST(RunCommand, MissingProgramIsAnError) { ASSERT_FALSE(runCommand({"/nonexistent/prog"}).ok()); }

@@ -71,9 +71,12 @@ TEST_F(LaunchOptionsTest, DensityQosAndFncallFlagsReachTheNode) {
 }
 
 TEST_F(LaunchOptionsTest, FleetFlagsParse) {
-  auto o = parseLaunchOptions({"--fleet", "eval", "--root", "/srv/dsec", "--state-dir", "/srv/n", "--port", "9000",
-                               "--node-port", "9001", "--address", "10.0.0.5", "--node-name", "Node_1",
-                               "--drain-timeout", "5", "--lost-after", "2", "--no-mpi"});
+  auto o = parseLaunchOptions({"--fleet",      "eval",   "--root",          "/srv/dsec",
+                               "--state-dir",  "/srv/n", "--port",          "9000",
+                               "--node-port",  "9001",   "--address",       "10.0.0.5",
+                               "--node-name",  "Node_1", "--drain-timeout", "5",
+                               "--lost-after", "2",      "--no-mpi",        "--gateway-run-code-listen",
+                               "10.0.0.5:8472"});
   ASSERT_OK(o);
   EXPECT_EQ(o->serve.node.fleet_name, "eval");
   EXPECT_EQ(o->serve.node.root, "/srv/dsec");
@@ -89,6 +92,8 @@ TEST_F(LaunchOptionsTest, FleetFlagsParse) {
   EXPECT_EQ(parseLaunchOptions({"--gateways", "2"})->gateways, 2);
   EXPECT_TRUE(o->no_mpi);
   EXPECT_FALSE(o->serve.write_fleet_file);
+  EXPECT_EQ(o->gateway_run_code_listen, "10.0.0.5:8472");
+  EXPECT_EQ(parseLaunchOptions({})->gateway_run_code_listen, "");  // none unless asked for
 
   auto join = parseLaunchOptions({"--join", "rollout", "--drain-timeout", "10"});
   ASSERT_OK(join);
@@ -115,7 +120,8 @@ TEST_F(LaunchOptionsTest, BadValuesAreRefusedNamingTheFlag) {
   for (const char* arg_text :
        {"--port=70000", "--node-port=-1", "--drain-timeout=-1", "--lost-after=0.1", "--gateways=0", "--gateways=17",
         "--max-sandboxes=0", "--cpu-qos=maybe", "--overcommit=x", "--fncall-workers=-2", "--memory-capacity=lots",
-        "--header-timeout=0", "--fleet=../etc", "--max-sandboxes=1e3", "--port=99999999999"}) {
+        "--header-timeout=0", "--fleet=../etc", "--max-sandboxes=1e3", "--port=99999999999",
+        "--gateway-run-code-listen=nowhere"}) {
     std::string arg = arg_text;
     auto o = parseLaunchOptions({arg});
     ASSERT_FALSE(o.ok()) << arg << " was taken";
@@ -194,6 +200,7 @@ TEST(GatewayConfig, RoundTripsWithMode0600) {
   c.http.body_min_rate = 1000.5;
   c.http.idle_timeout_ms = 4321;
   c.http.header_limit = 12345;
+  c.run_code_listen = "10.0.0.1:8472";
   std::string path = dir.path() + "/gateway-config.json";
   ASSERT_OK(writeGatewayConfig(path, c));
   struct stat st {};

@@ -50,6 +50,10 @@ inline std::vector<FlagCase> everyNodeFlag(bool with_serve_only) {
       {{"--body-min-rate", "1k"}, [](const ServeOptions& o) { return o.http.body_min_rate == 1024; }},
       {{"--idle-timeout", "30"}, [](const ServeOptions& o) { return o.http.idle_timeout_ms == 30000; }},
       {{"--output-budget", "2M"}, [](const ServeOptions& o) { return o.output_budget_bytes == 2u << 20; }},
+      {{"--run-code-listen", "10.1.2.3:8471"},
+       [](const ServeOptions& o) { return o.run_code_listen == "10.1.2.3:8471"; }},
+      {{"--run-code-cpp-image", "debian:12+gcc:13"},
+       [](const ServeOptions& o) { return o.run_code.cpp_image == "debian:12+gcc:13"; }},
   };
   if (with_serve_only) {
     cases.push_back(

@@ -109,6 +109,9 @@ TEST(NodeOptionsTable, BadValuesAreRefusedNamingTheFlag) {
       "--fncall-workers=-1",
       "--fncall-queue-wait=-0.5",
       "--fncall-image=",
+      "--run-code-listen=nowhere",
+      "--run-code-listen=127.0.0.1:8470",  // the API's own address
+      "--run-code-cpp-image=",
       "--memory-ratio-start=100",
       "--memory-ratio-min=0",
       "--cpu-ratio-max=0.5",

@@ -22,7 +22,8 @@ ApiServer::ApiServer(NodeAgent* agent, std::string token, const ApiServerOptions
       output_budget_(options.output_budget_bytes > 0
                          ? options.output_budget_bytes
                          : defaultOutputBudget(static_cast<uint64_t>(std::max<int64_t>(0, agent->nodeMemoryBytes()))),
-                     options.output_wait_seconds) {}
+                     options.output_wait_seconds),
+      run_code_(options.run_code) {}
 
 void ApiServer::renderMetrics(std::string* out) {
   OutputBudget::Stats b = output_budget_.stats();
@@ -98,6 +99,8 @@ void ApiServer::dispatchNode(HttpExchange& ex, const RouteMatch& m) {
       return createSandbox(ex);
     case Op::kCall:
       return call(ex);
+    case Op::kRunCode:
+      return runCode(ex);
     default:
       ex.sendError(404, "not_found", "no route");
   }

@@ -8,6 +8,7 @@
 #include "dsec/backends/NetworkPolicy.h"
 #include "dsec/common/Endpoint.h"
 #include "dsec/common/Strings.h"
+#include "dsec/fs3/LayerRef.h"
 #include "dsec/launcher/api/Credentials.h"
 
 namespace dsec::launcher {
@@ -196,6 +197,12 @@ void NodeOptionTable::addTo(po::options_description& desc) {
       "seconds a keep-alive connection may stay idle, and a read or write may stall");
   add("output-budget", po::value<std::string>(),
       "buffered exec and call output the node holds at once; over it: 429 (default: memory / 16, 64M..1G)");
+  add("run-code-listen", po::value<std::string>(&options_->run_code_listen)->default_value(options_->run_code_listen),
+      "ADDR:PORT of a second listener, WITHOUT authentication, serving only POST /run_code (bind it to a private "
+      "address; docs/security.md)");
+  add("run-code-cpp-image",
+      po::value<std::string>(&options_->run_code.cpp_image)->default_value(options_->run_code.cpp_image),
+      "the image POST /run_code compiles and runs cpp in (it needs g++)");
 }
 
 Status NodeOptionTable::apply(const po::variables_map& vm) {
@@ -222,6 +229,17 @@ Status NodeOptionTable::apply(const po::variables_map& vm) {
 
 Status validateNodeFlags(const ServeOptions& options) {
   DSEC_TRY(checkNode(options.node));
+  if (!options.run_code_listen.empty()) {
+    if (auto address = parseListenAddress(options.run_code_listen); !address.ok()) {
+      return flagError("run-code-listen", address.error().message());
+    }
+    if (options.run_code_listen == options.http.listen) {
+      return flagError("run-code-listen", "must differ from the API's own address " + options.http.listen);
+    }
+  }
+  if (auto image = fs3::parseImageRef(options.run_code.cpp_image); !image.ok()) {
+    return flagError("run-code-cpp-image", image.error().message());
+  }
   return checkHttp(options.http, options.output_budget_bytes);
 }
 

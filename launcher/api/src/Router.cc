@@ -160,6 +160,7 @@ const RouteTable& nodeRoutes() {
         .add("/v1/node", {{V::get, op(Op::kNodeInfo)}})
         .add("/v1/layers", {{V::get, op(Op::kListLayers)}})
         .add("/v1/call", {{V::post, op(Op::kCall)}})
+        .add("/run_code", {{V::post, op(Op::kRunCode)}})
         .add("/v1/sandboxes", {{V::get, op(Op::kListSandboxes)}, {V::post, op(Op::kCreateSandbox)}})
         .add("/v1/sandboxes/*", {{V::get, op(Op::kGetSandbox)}, {V::delete_, op(Op::kDestroySandbox)}})
         .add("/v1/sandboxes/*/pause", {{V::post, op(Op::kPause)}})
@@ -227,6 +228,7 @@ BodyKind bodyKind(Op op) {
     case Op::kPutSession:
     case Op::kAttachSession:
     case Op::kCall:
+    case Op::kRunCode:
       return BodyKind::kJson;
     case Op::kWriteFile:
     case Op::kPutTar:
@@ -294,6 +296,8 @@ const char* opName(Op op) {
       return "attach-session";
     case Op::kCall:
       return "call";
+    case Op::kRunCode:
+      return "run-code";
   }
   return "?";
 }

@@ -15,6 +15,7 @@
 #include "dsec/launcher/api/ApiServer.h"
 #include "dsec/launcher/api/Credentials.h"
 #include "dsec/launcher/api/HttpServer.h"
+#include "dsec/launcher/api/RunCodeListener.h"
 #include "dsec/launcher/api/StopSignals.h"
 #include "dsec/launcher/node/Metrics.h"
 #include "dsec/launcher/node/NodeAgent.h"
@@ -62,6 +63,7 @@ class EmbeddedNodeImpl : public EmbeddedNode {
     metrics_.setGaugeRenderer([agent = agent_.get()](std::string* out) { agent->renderGauges(out); });
     ApiServerOptions api_options;
     api_options.output_budget_bytes = options_.output_budget_bytes;
+    api_options.run_code = options_.run_code;
     api_ = std::make_unique<ApiServer>(agent_.get(), token_, api_options);
     auto server = HttpServer::start(options_.http, api_.get());
     if (!server.ok()) {
@@ -69,6 +71,22 @@ class EmbeddedNodeImpl : public EmbeddedNode {
       return server.error();
     }
     http_ = std::move(*server);
+    if (!options_.run_code_listen.empty()) {
+      HttpServerOptions open = options_.http;
+      open.listen = options_.run_code_listen;
+      ApiServer* api = api_.get();
+      run_code_handler_ = std::make_unique<RunCodeListener>([api](HttpExchange& ex) { api->runCode(ex); },
+                                                            [api](int status) { api->onResponse(status); });
+      auto listener = HttpServer::start(open, run_code_handler_.get());
+      if (!listener.ok()) {
+        http_->stop();
+        agent_->shutdown(false);
+        return listener.error().wrap("--run-code-listen " + options_.run_code_listen);
+      }
+      run_code_http_ = std::move(*listener);
+      DSEC_LOG(kWarn, kLog) << "POST /run_code without authentication on " << run_code_http_->endpoint()
+                            << " (anyone who reaches it can run code here; docs/security.md)";
+    }
     if (options_.write_fleet_file) {
       const NodeOptions& node = options_.node;
       auto st = writeFleetFile(node.fleet_name, {http_->endpoint()}, token_, node.node_name, node.root, node.slurm_job);
@@ -91,6 +109,7 @@ class EmbeddedNodeImpl : public EmbeddedNode {
     if (stopped_) return;
     stopped_ = true;
     std::string endpoint = this->endpoint();
+    if (run_code_http_) run_code_http_->stop();
     if (http_) http_->stop();
     if (agent_) agent_->shutdown(destroy_sandboxes);
     metrics_.setGaugeRenderer(nullptr);
@@ -106,6 +125,8 @@ class EmbeddedNodeImpl : public EmbeddedNode {
   std::unique_ptr<NodeAgent> agent_;
   std::unique_ptr<ApiServer> api_;
   std::unique_ptr<HttpServer> http_;
+  std::unique_ptr<RunCodeListener> run_code_handler_;
+  std::unique_ptr<HttpServer> run_code_http_;  // --run-code-listen; stopped before the handler goes
   std::mutex stop_mu_;
   bool stopped_ = false;
 };

@@ -15,6 +15,7 @@
 #include "dsec/common/Endpoint.h"
 #include "dsec/common/Logging.h"
 #include "dsec/common/Strings.h"
+#include "dsec/launcher/api/RunCodeListener.h"
 #include "dsec/launcher/api/StopSignals.h"
 #include "dsec/launcher/fleet/Gateway.h"
 
@@ -31,6 +32,11 @@ Status checkConfig(const GatewayProcessConfig& c) {
   if (c.token_file.empty()) return Error::invalid("gateway config: token_file is empty");
   if (c.port < 0 || c.port > 65535) return Error::invalid("gateway config: port " + std::to_string(c.port));
   if (!finitePositive(c.lost_after_seconds)) return Error::invalid("gateway config: lost_after_seconds must be > 0");
+  if (!c.run_code_listen.empty()) {
+    if (auto address = parseListenAddress(c.run_code_listen); !address.ok()) {
+      return Error::invalid("gateway config: run_code_listen: " + address.error().message());
+    }
+  }
   return validateHttpServerOptions(gatewayHttpOptions(c));
 }
 
@@ -62,7 +68,8 @@ Status writeGatewayConfig(const std::string& path, const GatewayProcessConfig& c
             {"body_timeout_seconds", c.http.body_timeout_seconds},
             {"body_min_rate", c.http.body_min_rate},
             {"idle_timeout_ms", c.http.idle_timeout_ms},
-            {"header_limit", c.http.header_limit}};
+            {"header_limit", c.http.header_limit},
+            {"run_code_listen", c.run_code_listen}};
   return writeFileAtomic(path, j.dump(2) + "\n", 0600);
 }
 
@@ -99,6 +106,7 @@ Result<GatewayProcessConfig> readGatewayConfig(const std::string& path) {
     get("body_min_rate", &c.http.body_min_rate);
     get("idle_timeout_ms", &c.http.idle_timeout_ms);
     get("header_limit", &c.http.header_limit);
+    get("run_code_listen", &c.run_code_listen);
   } catch (const json::exception& e) {
     return Error::invalid("gateway config " + path + ": field " + key + ": " + e.what());
   }
@@ -134,11 +142,30 @@ int runGatewayProcess(const GatewayProcessConfig& config) {
     DSEC_LOG(kError, kLog) << "gateway: " << server.error().message();
     return 1;
   }
+  std::unique_ptr<RunCodeListener> run_code_handler;
+  std::unique_ptr<HttpServer> run_code_server;
+  if (!config.run_code_listen.empty()) {
+    HttpServerOptions open = gatewayHttpOptions(config);
+    open.listen = config.run_code_listen;
+    run_code_handler = std::make_unique<RunCodeListener>([&gateway](HttpExchange& ex) { gateway.runCode(ex); },
+                                                         [&gateway](int status) { gateway.onResponse(status); });
+    auto listener = HttpServer::start(open, run_code_handler.get());
+    if (!listener.ok()) {
+      DSEC_LOG(kError, kLog) << "gateway: --gateway-run-code-listen " << config.run_code_listen << ": "
+                             << listener.error().message();
+      (*server)->stop();
+      return 1;
+    }
+    run_code_server = std::move(*listener);
+    DSEC_LOG(kWarn, kLog) << "gateway: POST /run_code without authentication on " << run_code_server->endpoint()
+                          << " (anyone who reaches it can run code in the fleet; docs/security.md)";
+  }
   gateway.start();
   if (!config.port_file.empty()) (void)writeFileAtomic(config.port_file, std::to_string((*server)->port()), 0600);
   DSEC_LOG(kInfo, kLog) << "gateway of fleet " << config.fleet_name << " on port " << (*server)->port();
   while (waitForStopSignal(-1) == 0) {
   }
+  if (run_code_server) run_code_server->stop();
   (*server)->stop();
   gateway.stop();
   return 0;

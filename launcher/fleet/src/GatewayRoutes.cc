@@ -30,6 +30,7 @@ enum Route {
   kNodeInfo,
   kLayers,
   kCall,
+  kRunCode,
   kListSandboxes,
   kCreateSandbox,
   kSandbox,   // anything under /v1/sandboxes/<id>/: forwarded to the sandbox's node
@@ -51,6 +52,7 @@ const RouteTable& gatewayRoutes() {
         .add("/v1/node", {{V::get, kNodeInfo}})
         .add("/v1/layers", {{V::get, kLayers}})
         .add("/v1/call", {{V::post, kCall}})
+        .add("/run_code", {{V::post, kRunCode}})
         .add("/v1/sandboxes", {{V::get, kListSandboxes}, {V::post, kCreateSandbox}})
         .addAnyMethod("/v1/sandboxes/**", kSandbox)
         .addAnyMethod("/v1/sessions", kSessions)
@@ -128,6 +130,8 @@ void Gateway::dispatch(HttpExchange& ex, const TableMatch& m) {
       return forwardToAny(ex);
     case kCall:
       return forwardCall(ex);
+    case kRunCode:
+      return runCode(ex);
     case kListSandboxes:
       return listSandboxes(ex);
     case kCreateSandbox:

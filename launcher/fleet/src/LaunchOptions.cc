@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <sstream>
 
+#include "dsec/common/Endpoint.h"
 #include "dsec/launcher/api/NodeOptionTable.h"
 
 namespace dsec::launcher::fleet {
@@ -44,6 +45,9 @@ void addFleetFlags(po::options_description& desc, LaunchOptions* o) {
   add("no-mpi", po::bool_switch(&o->no_mpi), "a one-node fleet without MPI");
   add("lost-after", po::value<double>(&o->lost_after)->default_value(o->lost_after),
       "seconds without a heartbeat before the gateway calls a node lost");
+  add("gateway-run-code-listen", po::value<std::string>(&o->gateway_run_code_listen),
+      "ADDR:PORT of each gateway's second listener, WITHOUT authentication, serving only POST /run_code (bind it "
+      "to a private address; docs/security.md)");
   add("gateway-only", po::bool_switch(&o->gateway_only), "run as the gateway process (started by rank 0)");
   add("gateway-config", po::value<std::string>(&o->gateway_config),
       "the gateway process's settings (written by rank 0)");
@@ -90,6 +94,11 @@ Status checkFleetFlags(const LaunchOptions& o) {
   if (o.gateways < 1 || o.gateways > 16) return bad("gateways", "wants 1..16");
   if (!std::isfinite(o.drain_timeout) || o.drain_timeout < 0) return bad("drain-timeout", "must be >= 0 seconds");
   if (!std::isfinite(o.lost_after) || o.lost_after < 0.5) return bad("lost-after", "must be >= 0.5 seconds");
+  if (!o.gateway_run_code_listen.empty()) {
+    if (auto address = parseListenAddress(o.gateway_run_code_listen); !address.ok()) {
+      return bad("gateway-run-code-listen", address.error().message());
+    }
+  }
   if (o.gateway_only && o.gateway_config.empty()) return Error::invalid("--gateway-only wants --gateway-config FILE");
   return okStatus();
 }

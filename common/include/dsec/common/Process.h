@@ -3,8 +3,10 @@
 
 #include <sys/types.h>
 
+#include <functional>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "dsec/common/Fd.h"
@@ -22,6 +24,8 @@ struct CommandOptions {
   std::map<std::string, std::string> extra_env;  // added to the inherited environment
   std::string cwd;
   double timeout_seconds = 0;  // 0 = none; on expiry the process group is killed
+  // Each line of output as it arrives (without its newline; a last line without one at the end), for progress.
+  std::function<void(std::string_view line)> on_line;
 };
 
 // Runs argv[0] (searched on PATH) and waits. An error only if it could not be started or timed out;

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "dsec/common/Result.h"
@@ -43,6 +44,14 @@ class LayerStore {
   Status init();
 
   const std::string& root() const { return root_; }
+
+  // What a build is doing, for a progress display: step() as each stage starts (debootstrap, copying, packing the
+  // image, publishing), detail() for a stage's own progress lines (debootstrap's "Retrieving ...").
+  struct BuildProgress {
+    std::function<void(const std::string& step)> step;
+    std::function<void(std::string_view detail)> detail;
+  };
+  void setBuildProgress(BuildProgress progress) { progress_ = std::move(progress); }
   std::string layerDir(const LayerRef& ref) const;
   std::string imagePath(const LayerRef& ref) const;  // .../layer.erofs
   std::string mountDir(const LayerRef& ref) const;   // <root>/mnt/NAME/VERSION (where LayerMounter mounts it)
@@ -78,7 +87,12 @@ class LayerStore {
   Result<LayerManifest> publish(const LayerRef& ref, StagingDir& staging, const std::string& tree,
                                 const std::string& built_on, const std::string& source);
 
+  void reportStep(const std::string& step) const {
+    if (progress_.step) progress_.step(step);
+  }
+
   std::string root_;
+  BuildProgress progress_;
 };
 
 }  // namespace dsec::fs3

@@ -11,6 +11,7 @@
 #include "dsec/launcher/api/Router.h"
 #include "dsec/launcher/node/Metrics.h"
 #include "dsec/launcher/node/NodeAgent.h"
+#include "dsec/launcher/node/RunCode.h"
 
 namespace dsec::launcher {
 
@@ -20,6 +21,7 @@ struct ApiServerOptions {
   uint64_t output_budget_bytes = 0;
   // How long an exec or call waits for answers being written to give budget back before 429.
   double output_wait_seconds = 5;
+  RunCodeOptions run_code;  // POST /run_code (RunCode.h)
 };
 
 class ApiServer : public RequestHandler {
@@ -29,6 +31,8 @@ class ApiServer : public RequestHandler {
   void onResponse(int status) override { agent_->metrics().countHttpRequest(status); }
   bool acceptsCredentials(std::string_view authorization) const override;
   OutputBudget& outputBudget() { return output_budget_; }
+  // POST /run_code, RunCodeApi.cc; also served by RunCodeListener without authentication.
+  void runCode(HttpExchange& ex);
 
  private:
   // The routes by what they act on: the node, one sandbox, a session.
@@ -55,6 +59,7 @@ class ApiServer : public RequestHandler {
   NodeAgent* agent_;
   std::string token_;
   OutputBudget output_budget_;
+  RunCodeOptions run_code_;
 };
 
 nlohmann::json execResultToJson(const backends::ExecResult& r);

@@ -42,7 +42,8 @@ enum class Op {
   kGetSession,
   kDeleteSession,
   kAttachSession,
-  kCall,  // POST /v1/call (fncall)
+  kCall,     // POST /v1/call (fncall)
+  kRunCode,  // POST /run_code (SandboxFusion-compatible)
 };
 
 struct QueryParams {

@@ -8,6 +8,7 @@
 #include "dsec/common/Result.h"
 #include "dsec/launcher/api/HttpServer.h"
 #include "dsec/launcher/node/NodeAgent.h"
+#include "dsec/launcher/node/RunCode.h"
 
 namespace dsec::launcher {
 
@@ -29,6 +30,11 @@ struct ServeOptions {
   // Buffered exec and call output held at once (OutputBudget.h); 0: a sixteenth of the node's memory,
   // between 64 MiB and 1 GiB.
   uint64_t output_budget_bytes = 0;
+  // POST /run_code: the image cpp runs in (RunCode.h).
+  RunCodeOptions run_code;
+  // "ADDR:PORT": a second listener, without authentication, that serves only POST /run_code (RunCodeListener.h;
+  // docs/security.md). "" : none.
+  std::string run_code_listen;
   bool write_fleet_file = true;  // fleet file ~/.dsec/fleets/<node.fleet_name>.json
 };
 

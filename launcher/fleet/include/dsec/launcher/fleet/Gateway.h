@@ -73,6 +73,8 @@ std::string nodeOfSandboxId(const std::string& id);
 class Gateway : public RequestHandler {
  public:
   explicit Gateway(GatewayOptions options);
+  // POST /run_code: forwarded as a call is (forwardCall); also served by the gateway's RunCodeListener.
+  void runCode(HttpExchange& ex) { forwardCall(ex, true); }
   ~Gateway() override;
   Gateway(const Gateway&) = delete;
   Gateway& operator=(const Gateway&) = delete;
@@ -141,8 +143,9 @@ class Gateway : public RequestHandler {
   void handleSessions(HttpExchange& ex, const std::vector<std::string>& segs);
   void fleetNodeInfo(HttpExchange& ex);
   void forwardToAny(HttpExchange& ex);
-  // POST /v1/call to a live node offering fncall, round robin, another node on 429 (GatewayCall.cc).
-  void forwardCall(HttpExchange& ex);
+  // POST /v1/call (and POST /run_code) to a live node offering fncall, round robin, another node on 429
+  // (GatewayCall.cc). For /run_code the gateway's own errors have SandboxFusion's shape too.
+  void forwardCall(HttpExchange& ex, bool run_code = false);
   // Sends the same request to every live node in parallel; (node, reply-or-error) per node.
   std::vector<std::pair<NodeRef, Result<client::HttpReply>>> fanOut(boost::beast::http::verb method,
                                                                     const std::string& target, const std::string& body);

@@ -26,6 +26,9 @@ struct GatewayProcessConfig {
   double lost_after_seconds = 3.0;
   // The HTTP edge: the nodes' own settings. Its listen address is address:port above (`http.listen` is unused).
   HttpServerOptions http;
+  // "ADDR:PORT": a second listener, without authentication, serving only POST /run_code (RunCodeListener.h;
+  // docs/security.md). "" : none.
+  std::string run_code_listen;
 
   bool operator==(const GatewayProcessConfig&) const = default;
 };

@@ -28,6 +28,8 @@ struct LaunchOptions {
   bool no_mpi = false;
   // Node liveness at the gateway (GatewayOptions). Admission is each node's own (docs/fleet.md, Placement).
   double lost_after = 3.0;
+  // Each gateway's listener without authentication for POST /run_code ("" : none; docs/security.md).
+  std::string gateway_run_code_listen;
   // The gateway process: every setting is in --gateway-config FILE (written by rank 0).
   bool gateway_only = false;
   std::string gateway_config;
