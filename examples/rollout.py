@@ -388,7 +388,8 @@ def main() -> int:
               f"(built: {', '.join(built) or 'none'}; reused: {', '.join(reused) or 'none'})", flush=True)
 
     async def go():
-        async with pydsec.aio.Client(fleet=args.fleet, max_workers=max(8, 2 * args.concurrency)) as client:
+        # pydsec.aio's own asyncio transport: no thread per request; at most max_in_flight requests at once.
+        async with pydsec.aio.Client(fleet=args.fleet, max_in_flight=max(64, 4 * args.concurrency)) as client:
             return await run_rollout(client, args.count, args.concurrency)
 
     outcomes, wall, leftovers = asyncio.run(go())

@@ -5,12 +5,10 @@ new one; the number of connections in use is not capped, so many threads can wor
 once the response has been read to its end. A connection that went stale while idle (the server closed it)
 fails on first use; such a request is retried once on a fresh connection.
 
-Failover: a Transport may have several endpoints (a fleet's gateway candidates). It sticks to the one that last
-worked and moves on to the next, in order, when a connection to it cannot be made (refused, unreachable, or no
-connect within ``connect_timeout``): nothing was sent, so any request is safe to send to the next. A connection
-that fails after the request went out (reset, closed before the answer) moves on only for the idempotent methods
-(GET, HEAD, PUT, DELETE, OPTIONS); a POST (create, exec, pause...) may have reached the server and is not sent
-twice: it raises DsecConnectionError. A request that times out waiting for its answer is never retried.
+Failover: a Transport may have several endpoints (a fleet's gateway candidates); the rule of which one a request
+tries and when it may move on is _wire.Failover's, shared with the asyncio transport. A connection fails "before
+sending" when it cannot be made (refused, unreachable, or no connect within ``connect_timeout``). A request that
+times out waiting for its answer is never retried.
 """
 
 from __future__ import annotations
@@ -22,28 +20,21 @@ import select
 import socket
 import threading
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
-from urllib.parse import quote, urlsplit
 
+from ._wire import USER_AGENT, ConnectFailedError, Failover, Query, Target, base_headers, encode_query, json_body
 from .errors import DsecConnectionError, DsecError, DsecTimeoutError, ServerError, error_from_response
 
-USER_AGENT = "pydsec/0.1"
+__all__ = ["USER_AGENT", "ConnectFailedError", "Query", "Body", "Response", "Transport", "encode_query", "call_json",
+           "iter_lines"]
+
 _DEFAULT = object()  # "use the transport's default timeout"; None means "no timeout"
 _BLOCKSIZE = 256 * 1024
-
-_IDEMPOTENT = frozenset(("GET", "HEAD", "PUT", "DELETE", "OPTIONS"))
 
 # Errors that mean "the server closed this keep-alive connection while it sat idle in the pool".
 _STALE_ERRORS = (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError, ConnectionAbortedError,
                  http.client.BadStatusLine)
 
-Query = Sequence[Tuple[str, Any]]
 Body = Union[None, bytes, Any]  # bytes or a binary file object
-
-
-def encode_query(query: Optional[Query]) -> str:
-    if not query:
-        return ""
-    return "?" + "&".join(f"{quote(str(k), safe='')}={quote(str(v), safe='/=:,')}" for k, v in query)
 
 
 def _peer_closed(sock: socket.socket) -> bool:
@@ -54,20 +45,6 @@ def _peer_closed(sock: socket.socket) -> bool:
     except (OSError, ValueError):
         return True
     return bool(readable)
-
-
-class ConnectFailedError(DsecConnectionError):
-    """No connection could be made to any endpoint of a Transport: the request was not sent anywhere."""
-
-
-class _Target:
-    def __init__(self, endpoint: str):
-        parts = urlsplit(endpoint)
-        self.https = parts.scheme == "https"
-        self.host = parts.hostname or "127.0.0.1"
-        self.port = parts.port or (443 if self.https else 80)
-        self.prefix = parts.path.rstrip("/")
-        self.endpoint = endpoint
 
 
 class Response:
@@ -156,7 +133,7 @@ class Transport:
         endpoints = [endpoint] if isinstance(endpoint, str) else list(endpoint)
         if not endpoints:
             raise ValueError("a Transport needs an endpoint")
-        self._targets = [_Target(e) for e in endpoints]
+        self._targets = [Target(e) for e in endpoints]
         self._current = 0  # the endpoint that last worked
         self._token = token
         self.timeout = timeout
@@ -216,19 +193,14 @@ class Transport:
 
     # -- requests -----------------------------------------------------------------------------------------
     def _headers(self, extra: Optional[Dict[str, str]], body: Body) -> Dict[str, str]:
-        headers = {"Authorization": f"Bearer {self._token}", "User-Agent": USER_AGENT, "Accept": "*/*"}
         if body is None:
-            pass
+            length = None
         elif isinstance(body, (bytes, bytearray, memoryview)):
-            headers["Content-Length"] = str(len(body))
+            length = len(body)
         else:
             # A file object: send it with a Content-Length so that the server can stream it to disk.
-            pos = body.tell()
-            size = os.fstat(body.fileno()).st_size
-            headers["Content-Length"] = str(max(0, size - pos))
-        if extra:
-            headers.update(extra)
-        return headers
+            length = max(0, os.fstat(body.fileno()).st_size - body.tell())
+        return base_headers(self._token, extra, length)
 
     @staticmethod
     def _set_timeout(conn: http.client.HTTPConnection, timeout: Optional[float]) -> None:
@@ -265,28 +237,20 @@ class Transport:
         rewind = None
         if body is not None and not isinstance(body, (bytes, bytearray, memoryview)):
             rewind = body.tell()
-        start = self._current
-        count = len(self._targets)
-        failures: List[str] = []
-        for step in range(count):
-            index = (start + step) % count
+        walk = Failover(method, path, self._current, len(self._targets))
+        for step, index in walk:
             try:
                 resp = self._request_on(index, method, path, query, body, all_headers, timeout, rewind)
             except ConnectFailedError as e:
-                failures.append(str(e))
+                walk.connect_failed(e)
                 continue
             except DsecConnectionError as e:
-                # Sent, then the connection failed: only an idempotent request may go to the next endpoint.
-                if method.upper() not in _IDEMPOTENT or step + 1 == count:
-                    raise
-                failures.append(str(e))
+                walk.lost(e, step)
                 continue
             if index != self._current:
                 self._current = index  # stick to the endpoint that works
             return resp
-        if count == 1:
-            raise ConnectFailedError(failures[0])
-        raise ConnectFailedError(f"{method} {path}: no endpoint of the dsec fleet answers: " + "; ".join(failures))
+        raise walk.exhausted()
 
     def _request_on(self, index: int, method: str, path: str, query: Optional[Query], body: Body,
                     all_headers: Dict[str, str], timeout: Any, rewind: Optional[int]) -> Response:
@@ -349,9 +313,5 @@ def iter_lines(response: Response) -> Iterable[bytes]:
 def call_json(request: Callable[..., "Response"], method: str, path: str, query: Optional[Query], payload: Any,
               timeout: Any) -> Any:
     """A JSON request/response round trip through `request` (a transport's request method)."""
-    body = None
-    headers = None
-    if payload is not None:
-        body = json.dumps(payload).encode("utf-8")
-        headers = {"Content-Type": "application/json"}
+    body, headers = json_body(payload)
     return request(method, path, query, body, headers, timeout).json()

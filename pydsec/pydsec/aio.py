@@ -1,4 +1,4 @@
-"""The asyncio SDK: the same names as :mod:`pydsec`, with coroutines.
+"""The asyncio SDK: the same names, arguments, results and errors as :mod:`pydsec`, with coroutines.
 
     import pydsec.aio
 
@@ -8,30 +8,45 @@
             async for stream, text in sb.exec_stream("for i in 1 2 3; do echo $i; sleep 1; done"):
                 print(stream, text)
 
-Each blocking request runs on the client's own thread pool (``max_workers`` threads, so up to that many
-requests are in flight at once without touching the loop's default executor) over the same keep-alive
-connection pool as the synchronous client. The event loop itself never blocks.
+Requests run on asyncio's own sockets (pydsec._aio_http: keep-alive HTTP/1.1, a connection pool per endpoint,
+streamed and chunked responses, per-request timeouts); no request takes a thread, so one process can hold
+thousands of execs and exec streams at once. ``max_in_flight`` (default 1024) is a hard cap on the client's
+requests in flight: over it, a request waits for one to finish (first come, first served) and nothing is dropped;
+an open exec stream counts until it ends or is closed. Gateways, failover and the direct data path to a
+sandbox's node work as in the synchronous client (pydsec._wire, pydsec._direct).
+
+Threads only do local file work that would stall the loop: packing a directory for ``upload`` and unpacking a
+``download`` (``max_workers`` threads).
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import os
+import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Awaitable, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, TypeVar, Union
+from typing import Any, Awaitable, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple, TypeVar, Union
 
-from . import _aio_stream
+from . import _config, _ops, _tar
+from . import _aio_stream, _websocket
 from . import _validate as v
 from . import client as _sync
-from . import session as _sync_session
+from ._aio_direct import AsyncDataPath, AsyncSandboxRoute
+from ._aio_http import AsyncResponse, AsyncTransport, InFlight
+from ._wire import json_body
 from .errors import (AuthError, CapacityError, ConflictError, DsecConnectionError, DsecError, DsecTimeoutError,
                      InfraError, InvalidRequestError, NodeLostError, NotFoundError, ServerError, TooLargeError,
                      UnavailableError, UnsupportedError)
 from .results import ExecResult
 
 T = TypeVar("T")
-_END = object()
+Cmd = _sync.Cmd
+_COPY_BUFSIZE = 256 * 1024
+DEFAULT_MAX_IN_FLIGHT = 1024
+# How long aclose() waits for the destroys of sandboxes whose create was cancelled.
+_CLEANUP_WAIT = 30.0
 
 __all__ = [
     "Client", "Sandbox", "Session", "ExecStream", "ExecResult", "DsecError", "InvalidRequestError", "TooLargeError",
@@ -41,36 +56,45 @@ __all__ = [
 
 
 class ExecStream:
-    """Async iterator of ``(stream, text)`` chunks; ``result`` is set once the iteration ends."""
+    """Async iterator of ``(stream, text)`` chunks; ``result`` is set once the iteration ends. The request starts
+    on the first iteration (or ``wait()``); ``aclose()`` (or leaving ``async with``) abandons the stream."""
 
-    def __init__(self, client: "Client", start: Callable[[], _sync.ExecStream]):
-        self._client = client
-        self._start = start
-        self._stream: Optional[_sync.ExecStream] = None
-        self._closed = False
-
-    @property
-    def result(self) -> Optional[ExecResult]:
-        return self._stream.result if self._stream is not None else None
-
-    def _next(self) -> Any:
-        if self._closed:
-            return _END
-        if self._stream is None:
-            self._stream = self._start()
-        try:
-            return next(self._stream)
-        except StopIteration:
-            return _END
+    def __init__(self, start: Callable[[], Awaitable[AsyncResponse]]):
+        self._start: Optional[Callable[[], Awaitable[AsyncResponse]]] = start
+        self._response: Optional[AsyncResponse] = None
+        self._lines = _ops.StreamLines()
+        self.result: Optional[ExecResult] = None
 
     def __aiter__(self) -> "ExecStream":
         return self
 
     async def __anext__(self) -> Tuple[str, str]:
-        item = await self._client._run(self._next)
-        if item is _END:
-            raise StopAsyncIteration
-        return item
+        if self._start is not None:
+            start, self._start = self._start, None
+            self._response = await start()
+        while True:
+            response = self._response
+            if response is None:
+                raise StopAsyncIteration
+            line = await response.readline()
+            if not line:
+                self._response = None
+                if self.result is None:
+                    raise ServerError("exec stream ended without a final result line")
+                raise StopAsyncIteration
+            try:
+                item = self._lines.feed(line)
+            except DsecError:
+                self.close()
+                raise
+            if self._lines.result is not None:
+                self.result = self._lines.result
+                # Read the chunked terminator so that the connection goes back to the pool.
+                self._response = None
+                await response.read()
+                raise StopAsyncIteration
+            if item is not None:
+                return item
 
     async def wait(self) -> ExecResult:
         async for _ in self:
@@ -79,25 +103,29 @@ class ExecStream:
             raise ServerError("exec stream was closed before its result arrived")
         return self.result
 
+    def close(self) -> None:
+        self._start = None
+        response, self._response = self._response, None
+        if response is not None:
+            response.close()
+
     async def aclose(self) -> None:
-        self._closed = True
-        if self._stream is not None:
-            await self._client._run(self._stream.close)
+        self.close()
 
     async def __aenter__(self) -> "ExecStream":
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
-        await self.aclose()
+        self.close()
 
 
 class Sandbox:
     """Async handle to one sandbox; see :class:`pydsec.Sandbox` for the meaning of each method."""
 
-    def __init__(self, client: "Client", sync_sandbox: _sync.Sandbox):
+    def __init__(self, client: "Client", sandbox_id: str, info: Optional[Dict[str, Any]] = None):
         self._client = client
-        self._sync = sync_sandbox
-        self.id = sync_sandbox.id
+        self.id = v.sandbox_id(sandbox_id)
+        self.cached_info: Optional[Dict[str, Any]] = info
 
     def __repr__(self) -> str:
         return f"<pydsec.aio.Sandbox {self.id} {self.state or '?'}>"
@@ -109,39 +137,62 @@ class Sandbox:
         return hash(self.id)
 
     @property
-    def cached_info(self) -> Optional[Dict[str, Any]]:
-        return self._sync.cached_info
+    def _path(self) -> str:
+        return f"/v1/sandboxes/{self.id}"
+
+    def _t(self) -> AsyncTransport:
+        return self._client._transport
+
+    def _d(self) -> AsyncSandboxRoute:
+        """The data path (exec, files, tar): the sandbox's node directly when the client may, else the gateway."""
+        return AsyncSandboxRoute(self._client._data_path, self._client._transport, self.id)
 
     @property
     def state(self) -> Optional[str]:
-        return self._sync.state
+        return (self.cached_info or {}).get("state")
 
     @property
     def labels(self) -> Dict[str, str]:
-        return self._sync.labels
+        return dict((self.cached_info or {}).get("labels") or {})
 
+    # -- lifecycle ----------------------------------------------------------------------------------------
     async def info(self) -> Dict[str, Any]:
-        return await self._client._run(self._sync.info)
+        try:
+            self.cached_info = await self._t().call("GET", self._path)
+        except NodeLostError as e:
+            self.cached_info = _ops.lost_info(self.id, self.cached_info, e)
+        return self.cached_info
 
     async def pause(self) -> Dict[str, Any]:
-        return await self._client._run(self._sync.pause)
+        self.cached_info = await self._t().call("POST", self._path + "/pause")
+        return self.cached_info
 
     async def resume(self) -> Dict[str, Any]:
-        return await self._client._run(self._sync.resume)
+        self.cached_info = await self._t().call("POST", self._path + "/resume")
+        return self.cached_info
 
     async def set_network(self, egress: List[str]) -> Dict[str, Any]:
-        v.egress_list(egress)
-        return await self._client._run(self._sync.set_network, egress)
+        payload = {"egress": v.egress_list(egress)}
+        self.cached_info = await self._t().call("PUT", self._path + "/network", payload=payload)
+        return self.cached_info
 
     async def set_protect(self, paths: List[str]) -> Dict[str, Any]:
-        v.protect_list(paths)
-        return await self._client._run(self._sync.set_protect, paths)
+        payload = {"paths": v.protect_list(paths)}
+        self.cached_info = await self._t().call("PUT", self._path + "/protect", payload=payload)
+        return self.cached_info
 
     async def violations(self) -> List[Dict[str, Any]]:
-        return await self._client._run(self._sync.violations)
+        doc = await self._t().call("GET", self._path + "/violations")
+        return list((doc or {}).get("violations") or [])
 
     async def destroy(self) -> bool:
-        return await self._client._run(self._sync.destroy)
+        try:
+            await self._t().call("DELETE", self._path)
+        except NotFoundError:
+            return False
+        if self.cached_info is not None:
+            self.cached_info = dict(self.cached_info, state="destroyed")
+        return True
 
     async def __aenter__(self) -> "Sandbox":
         return self
@@ -150,77 +201,154 @@ class Sandbox:
         # Destroy even when the body was cancelled: shield the request from the cancellation.
         await asyncio.shield(self.destroy())
 
-    async def exec(self, cmd: _sync.Cmd, timeout: Optional[float] = None, cwd: Optional[str] = None,
+    # -- exec ---------------------------------------------------------------------------------------------
+    async def exec(self, cmd: Cmd, timeout: Optional[float] = None, cwd: Optional[str] = None,
                    env: Optional[Dict[str, str]] = None, stdin: Union[None, str, bytes] = None,
                    output_cap: Optional[int] = None) -> ExecResult:
-        return await self._client._run(self._sync.exec, cmd, timeout=timeout, cwd=cwd, env=env, stdin=stdin,
-                                       output_cap=output_cap)
+        body = v.exec_body(cmd, timeout, cwd, env, stdin, output_cap)
+        doc = await self._d().call("POST", self._path + "/exec", payload=body,
+                                   timeout=_ops.exec_wait(timeout, self._t().timeout))
+        return _ops.exec_result(doc)
 
-    def exec_stream(self, cmd: _sync.Cmd, timeout: Optional[float] = None, cwd: Optional[str] = None,
+    def exec_stream(self, cmd: Cmd, timeout: Optional[float] = None, cwd: Optional[str] = None,
                     env: Optional[Dict[str, str]] = None, stdin: Union[None, bool, str, bytes] = None,
                     output_cap: Optional[int] = None) -> Any:
         """Use with ``async for``. Arguments are checked now; the request starts on the first iteration.
         ``stdin=True`` streams its stdin: ``async with sb.exec_stream(cmd, stdin=True) as s:`` starts the
         command, then ``await s.stdin.write(data)`` and ``await s.stdin.close()`` (EOF)."""
         if stdin is True:
-            body = v.exec_body(cmd, timeout, cwd, env, None, output_cap)
-            body["stdin_stream"] = True
-            t = self._sync._client._transport
-            return _aio_stream.AsyncExecStream(t.endpoint, t._token, self._sync._path, body,
-                                               _sync.Sandbox._exec_wait(timeout, t.timeout), t.connect_timeout, True)
-        v.exec_body(cmd, timeout, cwd, env, stdin, output_cap)
-        start = functools.partial(self._sync.exec_stream, cmd, timeout=timeout, cwd=cwd, env=env, stdin=stdin,
-                                  output_cap=output_cap)
-        return ExecStream(self._client, start)
+            streamed = v.exec_body(cmd, timeout, cwd, env, None, output_cap)
+            streamed["stdin_stream"] = True
+            t = self._t()
+            return _aio_stream.AsyncExecStream(t.endpoint, t._token, self._path, streamed,
+                                               _ops.exec_wait(timeout, t.timeout), t.connect_timeout, True)
+        body = v.exec_body(cmd, timeout, cwd, env, stdin, output_cap)
+        payload, headers = json_body(body)
+        start = functools.partial(self._d().request, "POST", self._path + "/exec/stream", body=payload,
+                                  headers=headers, timeout=_ops.exec_wait(timeout, self._t().timeout))
+        return ExecStream(start)
 
-    async def terminal(self, cmd: Optional[_sync.Cmd] = None, rows: int = 24, cols: int = 80,
+    async def terminal(self, cmd: Optional[Cmd] = None, rows: int = 24, cols: int = 80,
                        timeout: Optional[float] = None, cwd: Optional[str] = None,
                        term: Optional[str] = None) -> "_aio_stream.AsyncTerminal":
         """See :meth:`pydsec.Sandbox.terminal`; the session runs on the loop's own streams."""
-        from . import _websocket
         if cwd is not None:
             v.abs_path("cwd", cwd)
-        target = _websocket.terminal_target(self._sync._path, cmd, rows, cols, timeout, cwd, term)
-        t = self._sync._client._transport
+        target = _websocket.terminal_target(self._path, cmd, rows, cols, timeout, cwd, term)
+        t = self._t()
         return await _aio_stream.open_terminal(t.endpoint, t._token, target, t.connect_timeout, t.timeout)
 
+    # -- files --------------------------------------------------------------------------------------------
     async def write_file(self, path: str, data: Union[bytes, str], mode: Union[None, int, str] = None) -> Dict:
-        return await self._client._run(self._sync.write_file, path, data, mode)
+        query = _ops.file_query(path, mode)
+        data = _ops.file_data(data)
+        return await _put_json(self._d(), "PUT", self._path + "/files", query, data, "application/octet-stream")
 
     async def write_file_from(self, path: str, local_path: str, mode: Union[None, int, str] = None) -> Dict:
-        return await self._client._run(self._sync.write_file_from, path, local_path, mode)
+        """Stream a local file to path without reading it into memory."""
+        query = _ops.file_query(path, mode)
+        with open(local_path, "rb") as f:
+            return await _put_json(self._d(), "PUT", self._path + "/files", query, f, "application/octet-stream")
 
     async def read_file(self, path: str) -> bytes:
-        return await self._client._run(self._sync.read_file, path)
+        v.abs_path("path", path)
+        response = await self._d().request("GET", self._path + "/files", [("path", path)])
+        try:
+            return await response.read()
+        finally:
+            response.close()
 
     async def read_file_to(self, path: str, local_path: str) -> int:
-        return await self._client._run(self._sync.read_file_to, path, local_path)
+        """Stream path into a local file (written next to it, then renamed). Returns the byte count."""
+        v.abs_path("path", path)
+        response = await self._d().request("GET", self._path + "/files", [("path", path)])
+        return await _save(response, local_path)
 
     async def list_dir(self, path: str) -> List[Dict[str, Any]]:
-        return await self._client._run(self._sync.list_dir, path)
+        v.abs_path("path", path)
+        doc = await self._d().call("GET", self._path + "/files/list", [("path", path)])
+        return list((doc or {}).get("entries") or [])
 
     async def stat(self, path: str) -> Dict[str, Any]:
-        return await self._client._run(self._sync.stat, path)
+        v.abs_path("path", path)
+        return await self._d().call("GET", self._path + "/files/stat", [("path", path)])
 
     async def exists(self, path: str) -> bool:
-        return await self._client._run(self._sync.exists, path)
+        try:
+            await self.stat(path)
+        except NotFoundError:
+            return False
+        return True
 
     async def remove(self, path: str, recursive: bool = False) -> Dict[str, Any]:
-        return await self._client._run(self._sync.remove, path, recursive)
+        return await self._d().call("DELETE", self._path + "/files", _ops.remove_query(path, recursive))
 
     async def upload(self, local_dir: str, remote_dir: str) -> Dict[str, Any]:
-        return await self._client._run(self._sync.upload, local_dir, remote_dir)
+        """Copy the contents of local_dir into remote_dir (created if missing) as one tar stream."""
+        v.abs_path("remote_dir", remote_dir)
+        tmp = await self._client._local(_tar.pack_directory, local_dir)
+        with tmp:
+            return await _put_json(self._d(), "PUT", self._path + "/tar", [("path", remote_dir)], tmp,
+                                             "application/x-tar")
 
     async def download(self, remote_dir: str, local_dir: str) -> int:
-        return await self._client._run(self._sync.download, remote_dir, local_dir)
+        """Copy the contents of remote_dir into local_dir. Returns the number of entries written.
+
+        Members that would escape local_dir (absolute names, '..', outside links) raise UnsafeArchiveError.
+        """
+        v.abs_path("remote_dir", remote_dir)
+        response = await self._d().request("GET", self._path + "/tar", [("path", remote_dir)])
+        with tempfile.TemporaryFile(prefix="pydsec-download-") as tmp:
+            try:
+                while True:
+                    chunk = await response.read(_COPY_BUFSIZE)
+                    if not chunk:
+                        break
+                    tmp.write(chunk)
+            finally:
+                response.close()
+            tmp.seek(0)
+            return await self._client._local(_tar.extract_stream, tmp, local_dir)
+
+
+async def _put_json(route: AsyncSandboxRoute, method: str, path: str, query: Any, body: Any, ctype: str) -> Any:
+    """A request with a raw body (bytes or a local file) whose answer is JSON."""
+    response = await route.request(method, path, query, body=body, headers={"Content-Type": ctype})
+    try:
+        return await response.json()
+    finally:
+        response.close()
+
+
+async def _save(response: AsyncResponse, local_path: str) -> int:
+    directory = os.path.dirname(os.path.abspath(local_path))
+    fd, tmp = tempfile.mkstemp(prefix=".pydsec-", dir=directory)
+    total = 0
+    try:
+        with os.fdopen(fd, "wb") as out:
+            while True:
+                chunk = await response.read(_COPY_BUFSIZE)
+                if not chunk:
+                    break
+                out.write(chunk)
+                total += len(chunk)
+        os.replace(tmp, local_path)
+    except BaseException:
+        response.close()
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    return total
 
 
 class _CreateCall:
     """What ``Client.create`` returns: await it for a Sandbox, or ``async with`` it to destroy on exit."""
 
-    def __init__(self, client: "Client", kwargs: Dict[str, Any]):
+    def __init__(self, client: "Client", body: Dict[str, Any]):
         self._client = client
-        self._kwargs = kwargs
+        self._body = body
         self._sandbox: Optional[Sandbox] = None
         # Awaited before the create (a session's create first makes sure its session exists).
         self._before: Optional[Callable[[], Awaitable[Any]]] = None
@@ -228,7 +356,7 @@ class _CreateCall:
     async def _make(self) -> Sandbox:
         if self._before is not None:
             await self._before()
-        return await self._client._create(self._kwargs)
+        return await self._client._create(self._body)
 
     def __await__(self):
         return self._make().__await__()
@@ -254,41 +382,34 @@ class Session:
 
     def __init__(self, client: "Client", name: str, lease: float = 60, retention: Optional[float] = None):
         self._client = client
-        self._sync = _sync_session.Session(client._sync, name, lease, retention)
+        self.name = v.session_name(name)
+        self.lease = v.session_lease(lease)
+        self.retention = None if retention is None else v.session_retention(retention)
+        self.cached_info: Optional[Dict[str, Any]] = None
+        self.last_error: Optional[DsecError] = None
         self._started = False
         self._task: Optional["asyncio.Task[None]"] = None
 
     def __repr__(self) -> str:
-        state = (self._sync.cached_info or {}).get("state", "?")
+        state = (self.cached_info or {}).get("state", "?")
         return f"<pydsec.aio.Session {self.name} {state} lease={self.lease}>"
 
     @property
-    def name(self) -> str:
-        return self._sync.name
-
-    @property
-    def lease(self) -> float:
-        return self._sync.lease
-
-    @property
-    def retention(self) -> Optional[float]:
-        return self._sync.retention
-
-    @property
-    def cached_info(self) -> Optional[Dict[str, Any]]:
-        return self._sync.cached_info
-
-    @property
-    def last_error(self) -> Optional[DsecError]:
-        return self._sync.last_error
+    def _path(self) -> str:
+        return f"/v1/sessions/{self.name}"
 
     @property
     def renewing(self) -> bool:
         return self._task is not None and not self._task.done()
 
+    async def _put(self) -> Dict[str, Any]:
+        body = _ops.session_body(self.lease, self.retention)
+        self.cached_info = await self._client._transport.call("PUT", self._path, payload=body)
+        return self.cached_info
+
     async def _ensure(self) -> "Session":
         if not self._started:
-            await self._client._run(self._sync._put)
+            await self._put()
             self._started = True
             self._start_renewal()
         return self
@@ -303,13 +424,16 @@ class Session:
         await self.aclose()
 
     async def renew(self) -> Dict[str, Any]:
-        return await self._client._run(self._sync.renew)
+        return await self._put()
 
     async def info(self) -> Dict[str, Any]:
-        return await self._client._run(self._sync.info)
+        self.cached_info = await self._client._transport.call("GET", self._path)
+        return self.cached_info
 
     async def sandboxes(self) -> List[Sandbox]:
-        return [Sandbox(self._client, sb) for sb in await self._client._run(self._sync.sandboxes)]
+        ids = list((await self.info() or {}).get("sandboxes") or [])
+        by_id = {sb.id: sb for sb in await self._client.list() if (sb.cached_info or {}).get("session") == self.name}
+        return [by_id.get(i) or self._client.sandbox(i) for i in ids]
 
     def create(self, image: str, **kwargs: Any) -> _CreateCall:
         """Same as ``client.create(...)`` (await it or ``async with`` it), in this session."""
@@ -322,11 +446,14 @@ class Session:
     async def attach(self, lease: Optional[float] = None) -> List[Sandbox]:
         """Renew (creating the session if it is gone), return its sandboxes and keep renewing."""
         if not self._started:
-            await self._client._run(self._sync._put)
+            await self._put()
             self._started = True
-        sandboxes = await self._client._run(self._sync._attach, lease)
+        if lease is not None:
+            self.lease = v.session_lease(lease)
+        doc = await self._client._transport.call("POST", self._path + "/attach", payload={"lease": self.lease})
+        self.cached_info, infos = _ops.attach_answer(doc)
         self._start_renewal()
-        return [Sandbox(self._client, sb) for sb in sandboxes]
+        return [Sandbox(self._client, info["id"], info) for info in infos]
 
     def _start_renewal(self) -> None:
         if not self.renewing:
@@ -335,15 +462,15 @@ class Session:
 
     async def _renew_loop(self) -> None:
         while True:
-            await asyncio.sleep(self._sync._interval())
+            await asyncio.sleep(_ops.renew_interval(self.lease))
             try:
-                await self._client._run(self._sync._put)
-                self._sync.last_error = None
+                await self._put()
+                self.last_error = None
             except ConflictError as e:  # being deleted
-                self._sync.last_error = e
+                self.last_error = e
                 return
             except DsecError as e:
-                self._sync.last_error = e
+                self.last_error = e
 
     def close(self) -> None:
         """Stop renewing (the sandboxes stay, and are paused when the lease lapses)."""
@@ -363,67 +490,122 @@ class Session:
     async def destroy(self) -> int:
         """Stop renewing; destroy the session and its sandboxes."""
         await self.aclose()
-        return await self._client._run(self._sync.destroy)
+        try:
+            doc = await self._client._transport.call("DELETE", self._path)
+        except NotFoundError:
+            return 0
+        return int((doc or {}).get("destroyed") or 0)
+
+
+def _in_flight_limit(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        v._fail(f"max_in_flight must be a positive integer, got {value!r}")
+    return value
 
 
 class Client:
-    """Async connection to a dsec fleet; same discovery rules and arguments as :class:`pydsec.Client`."""
+    """Async connection to a dsec fleet; same discovery rules and arguments as :class:`pydsec.Client`, plus:
+
+    ``max_in_flight`` (default 1024): at most this many requests of this client are in flight at once (an open
+    exec stream counts until it ends); more wait for a slot, in order, and none is dropped. It protects the
+    fleet from a trainer that starts more work than it can take, and bounds the client's sockets.
+    ``max_workers`` (default 4): threads for local file work only (packing an upload, unpacking a download).
+    """
 
     def __init__(self, endpoint: Union[None, str, Sequence[str]] = None, token: Optional[str] = None,
-                 fleet: Optional[str] = None, timeout: Optional[float] = 120.0, max_workers: int = 64,
+                 fleet: Optional[str] = None, timeout: Optional[float] = 120.0, max_workers: int = 4,
                  max_idle_connections: int = 32, connect_timeout: Optional[float] = 5.0,
-                 direct: Optional[bool] = None):
-        self._sync = _sync.Client(endpoint, token, fleet, timeout=timeout, max_idle_connections=max_idle_connections,
-                                  connect_timeout=connect_timeout, direct=direct)
-        self.fleet = self._sync.fleet
-        self._executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="pydsec-aio")
+                 direct: Optional[bool] = None, max_in_flight: int = DEFAULT_MAX_IN_FLIGHT):
+        self.max_in_flight = _in_flight_limit(max_in_flight)
+        cfg = _config.resolve(endpoint, token, fleet)
+        self.fleet = cfg.fleet
+        self._direct = cfg.launch_fleet if direct is None else direct
+        self._options = dict(timeout=timeout, max_idle_connections=max_idle_connections,
+                             connect_timeout=connect_timeout)
+        self._cfg = cfg
+        self._in_flight = InFlight(self.max_in_flight)
+        self._transport = AsyncTransport(cfg.endpoints or [cfg.endpoint], cfg.token, self._in_flight,
+                                         timeout=timeout, max_idle=max_idle_connections,
+                                         connect_timeout=connect_timeout)
+        self._data_path = AsyncDataPath(self._transport, cfg.token, self._direct, max_idle_connections,
+                                        self._in_flight)
+        self._max_workers = max_workers
+        self._executor: Optional[ThreadPoolExecutor] = None
+        self._sync: Optional[_sync.Client] = None
+        self._cleanups: Set["asyncio.Future[Any]"] = set()
 
     @property
     def endpoint(self) -> str:
         """The gateway requests go to now (the one that last worked)."""
-        return self._sync.endpoint
+        return self._transport.endpoint
 
     @property
     def endpoints(self) -> List[str]:
-        return self._sync.endpoints
+        return self._transport.endpoints
+
+    @property
+    def in_flight(self) -> int:
+        """Requests holding a slot of ``max_in_flight`` now (open exec streams included)."""
+        return self._in_flight.count
 
     def __repr__(self) -> str:
         return f"<pydsec.aio.Client {self.endpoint} fleet={self.fleet!r}>"
 
     @property
     def sync(self) -> _sync.Client:
-        """The synchronous client underneath (shares the connection pool)."""
+        """A synchronous client for the same fleet, token and options (made on first use; its own connections)."""
+        if self._sync is None:
+            self._sync = _sync.Client(list(self._cfg.endpoints or [self._cfg.endpoint]), self._cfg.token,
+                                      self._cfg.fleet, direct=self._direct, **self._options)
         return self._sync
 
-    async def _run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, functools.partial(fn, *args, **kwargs))
+    async def _local(self, fn: Callable[..., T], *args: Any) -> T:
+        """Local file work (tar packing and unpacking) on the client's threads, off the event loop."""
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=self._max_workers, thread_name_prefix="pydsec-aio")
+        return await asyncio.get_running_loop().run_in_executor(self._executor, functools.partial(fn, *args))
 
-    async def _create(self, kwargs: Dict[str, Any]) -> Sandbox:
-        loop = asyncio.get_running_loop()
-        future = loop.run_in_executor(self._executor, functools.partial(self._sync.create, **kwargs))
+    async def _create(self, body: Dict[str, Any]) -> Sandbox:
+        task = asyncio.ensure_future(self._transport.call("POST", "/v1/sandboxes", payload=body))
         try:
-            sync_sb = await asyncio.shield(future)
+            info = await asyncio.shield(task)
         except asyncio.CancelledError:
-            # The request is already on its way; if it succeeds nobody would own the sandbox, so destroy it.
-            future.add_done_callback(self._destroy_orphan)
+            # The request may be on its way; if it succeeds nobody would own the sandbox, so destroy it.
+            self._track(task)
+            task.add_done_callback(self._destroy_orphan)
             raise
-        return Sandbox(self, sync_sb)
+        return Sandbox(self, _ops.created_id(info), info)
 
-    def _destroy_orphan(self, future: "asyncio.Future[_sync.Sandbox]") -> None:
-        if future.cancelled() or future.exception() is not None:
+    def _track(self, task: "asyncio.Future[Any]") -> None:
+        """aclose() waits for this work (a cancelled create, the destroy of what it made)."""
+        self._cleanups.add(task)
+        task.add_done_callback(self._cleanups.discard)
+
+    def _destroy_orphan(self, task: "asyncio.Future[Any]") -> None:
+        if task.cancelled() or task.exception() is not None:
             return
-        sb = future.result()
+        info = task.result()
+        if not isinstance(info, dict) or not isinstance(info.get("id"), str):
+            return
+        self._track(asyncio.ensure_future(self._destroy_quietly(info["id"])))
 
-        def destroy() -> None:
-            try:
-                sb.destroy()
-            except DsecError:
-                pass
+    async def _destroy_quietly(self, sandbox_id: str) -> None:
+        try:
+            await self.sandbox(sandbox_id).destroy()
+        except DsecError:
+            pass
+        except asyncio.CancelledError:
+            # The loop is ending: finish on a plain (non-daemon) thread, which the interpreter waits for at exit.
+            sync = self.sync
 
-        # A plain (non-daemon) thread, not the executor: closing the client must not cancel this cleanup, and
-        # the interpreter waits for it at exit.
-        threading.Thread(target=destroy, name=f"pydsec-destroy-{sb.id}").start()
+            def destroy() -> None:
+                try:
+                    sync.sandbox(sandbox_id).destroy()
+                except DsecError:
+                    pass
+
+            threading.Thread(target=destroy, name=f"pydsec-destroy-{sandbox_id}").start()
+            raise
 
     def create(self, image: str, backend: str = "container", cpus: Optional[float] = None,
                memory: Union[None, int, str] = None, disk: Union[None, int, str] = None, pids: Optional[int] = None,
@@ -432,58 +614,76 @@ class Client:
                network: Union[None, str, Dict[str, List[str]]] = None, session: Optional[str] = None,
                qos: Optional[str] = None, protect: Optional[List[str]] = None) -> _CreateCall:
         """``sb = await client.create(...)`` or ``async with client.create(...) as sb:``."""
-        kwargs = dict(image=image, backend=backend, cpus=cpus, memory=memory, disk=disk, pids=pids, timeout=timeout,
-                      idle_timeout=idle_timeout, env=env, labels=labels, network=network, session=session, qos=qos,
-                      protect=protect)
-        v.create_body(**kwargs)  # argument errors surface at the call, not at the await
-        return _CreateCall(self, kwargs)
+        # argument errors surface at the call, not at the await
+        body = v.create_body(image, backend, cpus, memory, disk, pids, timeout, idle_timeout, env, labels, network,
+                             session, qos, protect)
+        return _CreateCall(self, body)
 
     def session(self, name: str, lease: float = 60, retention: Optional[float] = None) -> Session:
         """A session handle (arguments checked now); ``await`` it to create/renew it and start renewing."""
         return Session(self, name, lease, retention)
 
     async def sessions(self) -> List[Dict[str, Any]]:
-        return await self._run(self._sync.sessions)
+        doc = await self._transport.call("GET", "/v1/sessions")
+        return list((doc or {}).get("sessions") or [])
 
     def sandbox(self, sandbox_id: str) -> Sandbox:
-        return Sandbox(self, self._sync.sandbox(sandbox_id))
+        return Sandbox(self, sandbox_id)
 
     async def get(self, sandbox_id: str) -> Sandbox:
-        return Sandbox(self, await self._run(self._sync.get, sandbox_id))
+        sb = Sandbox(self, sandbox_id)
+        await sb.info()
+        return sb
 
     async def list(self, labels: Optional[Dict[str, str]] = None) -> List[Sandbox]:
-        return [Sandbox(self, sb) for sb in await self._run(self._sync.list, labels)]
+        doc = await self._transport.call("GET", "/v1/sandboxes", _ops.label_query(labels))
+        return [Sandbox(self, info["id"], info) for info in (doc or {}).get("sandboxes") or []]
 
     async def call(self, code: str, language: str = "python", stdin: Union[None, str, bytes] = None,
                    timeout: float = 10, memory: Union[int, str] = "256M",
                    files: Optional[Mapping[str, Union[bytes, str]]] = None, image: Optional[str] = None,
                    output_cap: Optional[int] = None, fresh_interpreter: bool = False) -> ExecResult:
-        """See :meth:`pydsec.Client.call`. Up to ``max_workers`` calls run at once per client."""
-        # errors at the call
-        v.call_body(code, language, stdin, timeout, memory, files, image, output_cap, fresh_interpreter)
-        return await self._run(self._sync.call, code, language=language, stdin=stdin, timeout=timeout,
-                               memory=memory, files=files, image=image, output_cap=output_cap,
-                               fresh_interpreter=fresh_interpreter)
+        """See :meth:`pydsec.Client.call`."""
+        body = v.call_body(code, language, stdin, timeout, memory, files, image, output_cap, fresh_interpreter)
+        doc = await self._transport.call("POST", "/v1/call", payload=body,
+                                         timeout=_ops.exec_wait(timeout, self._transport.timeout))
+        return _ops.exec_result(doc, "call")
 
     async def layers(self) -> List[Dict[str, Any]]:
-        return await self._run(self._sync.layers)
+        doc = await self._transport.call("GET", "/v1/layers")
+        return list((doc or {}).get("layers") or [])
 
     async def health(self) -> Dict[str, Any]:
-        return await self._run(self._sync.health)
+        return await self._transport.call("GET", "/healthz")
 
     async def node(self) -> Dict[str, Any]:
-        return await self._run(self._sync.node)
+        return await self._transport.call("GET", "/v1/node")
 
     async def metrics(self) -> str:
-        return await self._run(self._sync.metrics)
+        response = await self._transport.request("GET", "/metrics")
+        try:
+            return (await response.read()).decode("utf-8", errors="replace")
+        finally:
+            response.close()
 
     async def aclose(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
-        self._sync.close()
+        """Wait (up to 30 s) for cancelled creates to end and what they made to be destroyed, then close."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + _CLEANUP_WAIT
+        while True:
+            pending = [t for t in self._cleanups if not t.done()]
+            if not pending or loop.time() >= deadline:
+                break
+            await asyncio.wait(pending, timeout=deadline - loop.time())
+        self.close()
 
     def close(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
-        self._sync.close()
+        self._transport.close()
+        self._data_path.close()
+        if self._executor is not None:
+            self._executor.shutdown(wait=False)
+        if self._sync is not None:
+            self._sync.close()
 
     async def __aenter__(self) -> "Client":
         return self

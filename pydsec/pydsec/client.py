@@ -10,18 +10,21 @@ import os
 import tempfile
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
-from . import _config, _tar, _websocket
+from . import _config, _ops, _tar, _websocket
 from . import _validate as v
 from ._direct import DataPath, SandboxRoute
 from ._http import Response, Transport
-from .errors import DsecError, NodeLostError, NotFoundError, ServerError, error_from_code
+from .errors import DsecError, NodeLostError, NotFoundError, ServerError
 from ._websocket import Terminal
 from .results import ExecResult
 
 Cmd = Union[str, Sequence[str]]
 _COPY_BUFSIZE = 256 * 1024
-# Extra time the client waits beyond an exec's own timeout: the node must still kill, reap and reply.
-_EXEC_GRACE = 30.0
+_EXEC_GRACE = _ops.EXEC_GRACE
+
+
+class _StartedSignal(Exception):
+    """Internal: the started line was read (ExecStream's constructor stops there)."""
 
 
 class ExecStream:
@@ -35,78 +38,69 @@ class ExecStream:
 
     def __init__(self, response: Response, stdin_writer: Optional[Callable[[str], "StdinWriter"]] = None):
         self._response: Optional[Response] = response
-        self._stdout: List[str] = []
-        self._stderr: List[str] = []
+        self._lines = _ops.StreamLines()
         self.result: Optional[ExecResult] = None
         #: With ``exec_stream(..., stdin=True)``: the command's stdin (write bytes, close for EOF); else None.
         self.stdin: Optional[StdinWriter] = None
-        self.exec_id: Optional[str] = None
-        self._pending: Optional[Dict[str, Any]] = None
+        self._pending: Optional[Tuple[str, str]] = None
         # The node answers as the command starts, first with a line that says so (and names the exec that
         # streamed stdin is written to), whether or not the command ever prints.
-        doc = self._next_doc()
-        #: True once the node said the command runs (always, from nodes that stream from the start).
-        self.started = bool(doc is not None and doc.get("started"))
-        if not self.started:
-            self._pending = doc
-        elif isinstance(doc.get("exec_id"), str):
-            self.exec_id = doc["exec_id"]
+        self._until_started = True
+        try:
+            self._pending = self._step()
+        except (StopIteration, _StartedSignal):
+            pass
+        self._until_started = False
         if stdin_writer is not None:
             if self.exec_id is None:
                 self.close()
                 raise ServerError("exec stream did not name its exec for streamed stdin")
             self.stdin = stdin_writer(self.exec_id)
 
+    @property
+    def started(self) -> bool:
+        """True once the node said the command runs (at once, from nodes that stream from the start)."""
+        return self._lines.started
+
+    @property
+    def exec_id(self) -> Optional[str]:
+        return self._lines.exec_id
+
     def __iter__(self) -> Iterator[Tuple[str, str]]:
         return self
 
-    def _next_doc(self) -> Optional[Dict[str, Any]]:
-        """The next line as an object; None at the end of the response."""
+    def __next__(self) -> Tuple[str, str]:
+        if self._pending is not None:
+            item, self._pending = self._pending, None
+            return item
+        return self._step()
+
+    def _step(self) -> Tuple[str, str]:
+        """The next chunk; StopIteration at the end. Returns early (nothing pending) after the started line."""
         while True:
             if self._response is None:
-                return None
+                raise StopIteration
             line = self._response.readline()
             if not line:
                 self._response = None
                 if self.result is None:
                     raise ServerError("exec stream ended without a final result line")
-                return None
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                doc = json.loads(line.decode("utf-8"))
-            except (UnicodeDecodeError, ValueError):
-                self.close()
-                raise ServerError(f"exec stream sent an invalid line: {line[:200]!r}") from None
-            if not isinstance(doc, dict):
-                self.close()
-                raise ServerError(f"exec stream sent a non-object line: {line[:200]!r}")
-            return doc
-
-    def __next__(self) -> Tuple[str, str]:
-        while True:
-            doc, self._pending = (self._pending, None) if self._pending is not None else (self._next_doc(), None)
-            if doc is None:
                 raise StopIteration
-            if isinstance(doc.get("error"), dict):
-                # The node failed the exec after its output had started (the line also says done): an error of
-                # the platform's, never a result, so that it cannot pass for the command's own exit.
+            try:
+                item = self._lines.feed(line)
+            except DsecError:
                 self.close()
-                err = doc["error"]
-                code = err.get("code") if isinstance(err.get("code"), str) else "internal"
-                raise error_from_code(None, code, str(err.get("message", "exec stream failed")), err)
-            if doc.get("done"):
-                self.result = ExecResult.from_json(doc, stdout="".join(self._stdout), stderr="".join(self._stderr))
+                raise
+            if self._lines.result is not None:
+                self.result = self._lines.result
                 # Read the chunked terminator so that the connection goes back to the pool.
                 response, self._response = self._response, None
                 response.read()
                 raise StopIteration
-            for name in ("stdout", "stderr"):
-                text = doc.get(name)
-                if isinstance(text, str) and text:
-                    (self._stdout if name == "stdout" else self._stderr).append(text)
-                    return name, text
+            if item is not None:
+                return item
+            if self._until_started and self._lines.started:
+                raise _StartedSignal
 
     def wait(self) -> ExecResult:
         for _ in self:
@@ -213,10 +207,7 @@ class Sandbox:
         try:
             self.cached_info = self._t().call("GET", self._path)
         except NodeLostError as e:
-            if e.node_state != "lost":
-                raise
-            last = self.cached_info or {}
-            self.cached_info = dict(last, id=self.id, node=e.node or last.get("node"), state="lost", error=e.message)
+            self.cached_info = _ops.lost_info(self.id, self.cached_info, e)
         return self.cached_info
 
     @property
@@ -271,12 +262,7 @@ class Sandbox:
         self.destroy()
 
     # -- exec ---------------------------------------------------------------------------------------------
-    @staticmethod
-    def _exec_wait(timeout: Optional[float], client_timeout: Optional[float]) -> Optional[float]:
-        """How long the client waits for an exec's response: the command's timeout plus grace, or forever."""
-        if timeout is None or timeout == 0:
-            return None
-        return max(float(timeout) + _EXEC_GRACE, client_timeout or 0.0)
+    _exec_wait = staticmethod(_ops.exec_wait)
 
     def exec(self, cmd: Cmd, timeout: Optional[float] = None, cwd: Optional[str] = None,
              env: Optional[Dict[str, str]] = None, stdin: Union[None, str, bytes] = None,
@@ -285,9 +271,7 @@ class Sandbox:
         body = v.exec_body(cmd, timeout, cwd, env, stdin, output_cap)
         doc = self._d().call("POST", self._path + "/exec", payload=body,
                              timeout=self._exec_wait(timeout, self._t().timeout))
-        if not isinstance(doc, dict):
-            raise ServerError(f"unexpected exec response: {doc!r}")
-        return ExecResult.from_json(doc)
+        return _ops.exec_result(doc)
 
     def exec_stream(self, cmd: Cmd, timeout: Optional[float] = None, cwd: Optional[str] = None,
                     env: Optional[Dict[str, str]] = None, stdin: Union[None, bool, str, bytes] = None,
@@ -299,17 +283,15 @@ class Sandbox:
         if streamed:
             body["stdin_stream"] = True
         route = self._d()
+        wait = self._exec_wait(timeout, self._t().timeout)
         response = route.request("POST", self._path + "/exec/stream", body=json.dumps(body).encode("utf-8"),
-                                 headers={"Content-Type": "application/json"},
-                                 timeout=self._exec_wait(timeout, self._t().timeout))
+                                 headers={"Content-Type": "application/json"}, timeout=wait)
         if not streamed:
             return ExecStream(response)
-        stdin_timeout = self._exec_wait(timeout, self._t().timeout)
-        return ExecStream(response, lambda exec_id: StdinWriter(
-            route, f"{self._path}/exec/{exec_id}/stdin", stdin_timeout))
+        return ExecStream(response, lambda exec_id: StdinWriter(route, f"{self._path}/exec/{exec_id}/stdin", wait))
 
     def terminal(self, cmd: Optional[Cmd] = None, rows: int = 24, cols: int = 80, timeout: Optional[float] = None,
-                 cwd: Optional[str] = None, term: Optional[str] = None) -> "Terminal":
+                 cwd: Optional[str] = None, term: Optional[str] = None) -> Terminal:
         """A command (default: the sandbox's login shell) on a terminal of the sandbox's own, over WebSocket;
         see pydsec.Terminal. timeout kills it after that many seconds, as an exec's does."""
         if cwd is not None:
@@ -321,25 +303,14 @@ class Sandbox:
     # -- files --------------------------------------------------------------------------------------------
     def write_file(self, path: str, data: Union[bytes, str], mode: Union[None, int, str] = None) -> Dict[str, Any]:
         """Write data (str is encoded as UTF-8) to path, creating parent directories."""
-        v.abs_path("path", path)
-        if isinstance(data, str):
-            data = data.encode("utf-8")
-        elif isinstance(data, (bytearray, memoryview)):
-            data = bytes(data)
-        elif not isinstance(data, bytes):
-            v._fail(f"data must be bytes or str, got {type(data).__name__}")
-        query: List[Tuple[str, Any]] = [("path", path)]
-        if mode is not None:
-            query.append(("mode", v.file_mode(mode)))
+        query = _ops.file_query(path, mode)
+        data = _ops.file_data(data)
         return self._d().request("PUT", self._path + "/files", query, body=data,
                                  headers={"Content-Type": "application/octet-stream"}).json()
 
     def write_file_from(self, path: str, local_path: str, mode: Union[None, int, str] = None) -> Dict[str, Any]:
         """Stream a local file to path without reading it into memory."""
-        v.abs_path("path", path)
-        query: List[Tuple[str, Any]] = [("path", path)]
-        if mode is not None:
-            query.append(("mode", v.file_mode(mode)))
+        query = _ops.file_query(path, mode)
         with open(local_path, "rb") as f:
             return self._d().request("PUT", self._path + "/files", query, body=f,
                                      headers={"Content-Type": "application/octet-stream"}).json()
@@ -390,11 +361,7 @@ class Sandbox:
         return True
 
     def remove(self, path: str, recursive: bool = False) -> Dict[str, Any]:
-        v.abs_path("path", path)
-        query: List[Tuple[str, Any]] = [("path", path)]
-        if recursive:
-            query.append(("recursive", "1"))
-        return self._d().call("DELETE", self._path + "/files", query)
+        return self._d().call("DELETE", self._path + "/files", _ops.remove_query(path, recursive))
 
     def upload(self, local_dir: str, remote_dir: str) -> Dict[str, Any]:
         """Copy the contents of local_dir into remote_dir (created if missing) as one tar stream."""
@@ -485,9 +452,7 @@ class Client:
         body = v.create_body(image, backend, cpus, memory, disk, pids, timeout, idle_timeout, env, labels, network,
                              session, qos, protect)
         info = self._transport.call("POST", "/v1/sandboxes", payload=body)
-        if not isinstance(info, dict) or not isinstance(info.get("id"), str):
-            raise ServerError(f"create returned no sandbox id: {info!r}")
-        return Sandbox(self, info["id"], info)
+        return Sandbox(self, _ops.created_id(info), info)
 
     def session(self, name: str, lease: float = 60, retention: Optional[float] = None) -> "Session":
         """Create or renew the session ``name`` now (PUT) and keep renewing its lease in the background.
@@ -518,8 +483,7 @@ class Client:
 
     def list(self, labels: Optional[Dict[str, str]] = None) -> List[Sandbox]:
         """The sandboxes whose labels include all of ``labels``."""
-        query = [("label", f"{k}={val}") for k, val in v.optional_labels(labels).items()]
-        doc = self._transport.call("GET", "/v1/sandboxes", query)
+        doc = self._transport.call("GET", "/v1/sandboxes", _ops.label_query(labels))
         return [Sandbox(self, info["id"], info) for info in (doc or {}).get("sandboxes") or []]
 
     def call(self, code: str, language: str = "python", stdin: Union[None, str, bytes] = None,
@@ -539,9 +503,7 @@ class Client:
         body = v.call_body(code, language, stdin, timeout, memory, files, image, output_cap, fresh_interpreter)
         wait = Sandbox._exec_wait(timeout, self._transport.timeout)
         doc = self._transport.call("POST", "/v1/call", payload=body, timeout=wait)
-        if not isinstance(doc, dict):
-            raise ServerError(f"unexpected call response: {doc!r}")
-        return ExecResult.from_json(doc)
+        return _ops.exec_result(doc, "call")
 
     def layers(self) -> List[Dict[str, Any]]:
         """Manifests of the layers in the node's store."""

@@ -17,14 +17,14 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
+from . import _ops
 from . import _validate as v
 from .errors import ConflictError, DsecError, NotFoundError
 
 if TYPE_CHECKING:
     from .client import Client, Sandbox
 
-# Renewal never runs more often than this, whatever the lease.
-_MIN_RENEW_INTERVAL = 0.2
+_MIN_RENEW_INTERVAL = _ops.MIN_RENEW_INTERVAL
 
 
 class Session:
@@ -60,9 +60,7 @@ class Session:
 
     # -- requests -----------------------------------------------------------------------------------------
     def _put(self) -> Dict[str, Any]:
-        body: Dict[str, Any] = {"lease": self.lease}
-        if self.retention is not None:
-            body["retention"] = self.retention
+        body = _ops.session_body(self.lease, self.retention)
         self.cached_info = self._client._transport.call("PUT", self._path, payload=body)
         return self.cached_info
 
@@ -93,9 +91,8 @@ class Session:
         if lease is not None:
             self.lease = v.session_lease(lease)
         doc = self._client._transport.call("POST", self._path + "/attach", payload={"lease": self.lease})
-        infos = list((doc or {}).pop("sandbox_infos", None) or [])
-        self.cached_info = doc
-        return [Sandbox(self._client, info["id"], info) for info in infos if isinstance(info, dict) and "id" in info]
+        self.cached_info, infos = _ops.attach_answer(doc)
+        return [Sandbox(self._client, info["id"], info) for info in infos]
 
     def attach(self, lease: Optional[float] = None) -> List["Sandbox"]:
         """Take the session over (after a preemption): renew the lease, return its sandboxes, keep renewing.
@@ -131,7 +128,7 @@ class Session:
 
     # -- background renewal ---------------------------------------------------------------------------------
     def _interval(self) -> float:
-        return max(float(self.lease) / 3.0, _MIN_RENEW_INTERVAL)
+        return _ops.renew_interval(self.lease)
 
     def _start_renewal(self) -> None:
         with self._lock:

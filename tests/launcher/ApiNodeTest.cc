@@ -22,7 +22,12 @@ TEST_F(ApiTest, RestartReadoptsRunningSandboxes) {
   SKIP_WITHOUT_BACKEND();
   std::string id = createSandbox({{"labels", {{"keep", "yes"}}}});
   ASSERT_FALSE(id.empty());
-  ASSERT_EQ(exec(id, {{"cmd", "echo state > /tmp/kept; sleep 1000 > /dev/null 2>&1 &"}}).json()["exit_code"], 0);
+  // Returns once the background process runs sleep (not a forked shell yet to exec it when the pause comes).
+  ASSERT_EQ(exec(id, {{"cmd",
+                       "echo state > /tmp/kept; sleep 1000 > /dev/null 2>&1 & "
+                       "for i in $(seq 1000); do ps -o args | grep -q '^sleep 1000' && break; sleep 0.01; done"}})
+                .json()["exit_code"],
+            0);
   ASSERT_EQ(client_->request(boost::beast::http::verb::post, sandboxPath(id, "/pause")).status, 200);
   node_->stop(/*destroy_sandboxes=*/false);
   node_.reset();

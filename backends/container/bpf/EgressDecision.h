@@ -45,6 +45,8 @@ static __always_inline int dsec_egress_resolved_allows(DSEC_EGRESS_ENV env, __u6
 static __always_inline int dsec_egress_decide4(DSEC_EGRESS_ENV env, __u64 cookie, const struct dsec_egress_sandbox *sb,
                                                __u32 ip4, __u16 port) {
   if ((bpf_ntohl(ip4) >> 24) == 127) return DSEC_EGRESS_ALLOWED; /* the sandbox's own loopback */
+  /* Its own link address is its own namespace too, though the subnet it is in is closed (never) to it. */
+  if (sb->own_ip4 != 0 && ip4 == sb->own_ip4) return DSEC_EGRESS_ALLOWED;
   if (sb->resolver_ip4 != 0 && ip4 == sb->resolver_ip4 && port == bpf_htons(53)) return DSEC_EGRESS_ALLOWED;
   struct dsec_egress_allow_key key;
   __builtin_memset(&key, 0, sizeof(key));

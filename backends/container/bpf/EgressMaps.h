@@ -13,6 +13,8 @@ struct dsec_egress_config {
 struct dsec_egress_sandbox {
   __u32 generation;   /* the policy in force: allow entries carry it, so a new policy replaces the old at once */
   __u32 resolver_ip4; /* the node's resolver as the sandbox reaches it (network order); 0 = none */
+  __u32 own_ip4;      /* the sandbox's own address on its link (network order): its own namespace, as loopback */
+  __u32 pad;
 };
 
 /* An allowed address block: LPM trie key; the value is the rule's prefix length (u8). The prefix always covers cookie,

@@ -352,12 +352,14 @@ void EgressFilter::eraseEntries(uint64_t netns_cookie, const SandboxPolicy& poli
   }
 }
 
-Status EgressFilter::setPolicy(uint64_t netns_cookie, const EgressPolicy& policy, uint32_t resolver_ip4) {
+Status EgressFilter::setPolicy(uint64_t netns_cookie, const EgressPolicy& policy, uint32_t resolver_ip4,
+                               uint32_t own_ip4) {
   std::lock_guard lock(mu_);
   SandboxPolicy next;
   auto found = sandboxes_.find(netns_cookie);
   next.generation = found == sandboxes_.end() ? 1 : found->second.generation + 1;
   next.resolver_ip4 = resolver_ip4;
+  next.own_ip4 = own_ip4;
   next.policy = policy;
   const int allow_fd = bpf_map__fd(skeleton_->maps.allow);
   for (const auto& rule : policy.rules) {
@@ -371,7 +373,7 @@ Status EgressFilter::setPolicy(uint64_t netns_cookie, const EgressPolicy& policy
     }
   }
   // The switch: from this write on, every connect and send sees the new generation's entries only.
-  dsec_egress_sandbox entry{next.generation, htonl(resolver_ip4)};
+  dsec_egress_sandbox entry{next.generation, htonl(resolver_ip4), htonl(own_ip4), 0};
   if (bpf_map_update_elem(bpf_map__fd(skeleton_->maps.sandboxes), &netns_cookie, &entry, BPF_ANY) != 0) {
     const int err = errno;
     eraseEntries(netns_cookie, next);

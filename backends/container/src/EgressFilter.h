@@ -72,8 +72,9 @@ class EgressFilter {
   // it and not listed again, so sandbox links, which come and go with sandboxes, never touch the map.
   Status setNever(const std::vector<Ip4Block>& extra);
   // Installs or replaces a sandbox's policy (domain rules take effect through allowResolved). resolver_ip4 (host
-  // order; 0 = none) is where the sandbox may send DNS queries (port 53).
-  Status setPolicy(uint64_t netns_cookie, const EgressPolicy& policy, uint32_t resolver_ip4);
+  // order; 0 = none) is where the sandbox may send DNS queries (port 53); own_ip4 (host order; 0 = none) is its
+  // own link address, which it always reaches (its own namespace).
+  Status setPolicy(uint64_t netns_cookie, const EgressPolicy& policy, uint32_t resolver_ip4, uint32_t own_ip4);
   // Lets a sandbox reach an address its resolver answered for an allowed name, until the answer's TTL runs out.
   Status allowResolved(uint64_t netns_cookie, uint32_t ip4, uint16_t port, double ttl_seconds);
   // What the sandbox's current policy says of a name it asks the resolver for; nullopt when it has no policy.
@@ -98,6 +99,7 @@ class EgressFilter {
   struct SandboxPolicy {
     uint32_t generation = 0;
     uint32_t resolver_ip4 = 0;
+    uint32_t own_ip4 = 0;
     EgressPolicy policy;
     std::map<std::pair<uint32_t, uint16_t>, double> resolved;  // (ip4, port) -> expiry (monotonic seconds)
   };

@@ -178,7 +178,7 @@ Status ContainerSandbox::enforceEgress(const EgressPolicy& policy, uint32_t addr
     shared_->logs_by_netns[cookie] = violations_;
     if (address_ip4 != 0) shared_->netns_by_address[address_ip4] = cookie;
   }
-  DSEC_TRY(filter->setPolicy(cookie, policy, resolver_ip4));
+  DSEC_TRY(filter->setPolicy(cookie, policy, resolver_ip4, address_ip4));
   if (adopted) DSEC_TRY(takeOverPrograms(*shared_, *cgroup_, *filter));
   netns_cookie_ = cookie;
   std::lock_guard state(mu_);
@@ -197,7 +197,12 @@ Status ContainerSandbox::setEgress(const EgressPolicy& policy) {
                                            "network {\"egress\": [...]} to change its policy later");
   }
   DSEC_ASSIGN_OR_RETURN(EgressFilter * filter, startedEgressFilter(*shared_));
-  DSEC_TRY(filter->setPolicy(netns_cookie_, policy, resolver_ip4_));
+  uint32_t own_ip4 = 0;
+  {
+    std::lock_guard state(mu_);
+    own_ip4 = address_ip4_;
+  }
+  DSEC_TRY(filter->setPolicy(netns_cookie_, policy, resolver_ip4_, own_ip4));
   {
     std::lock_guard state(mu_);
     egress_ = policy;

@@ -35,31 +35,6 @@ Result<Language> languageField(const json& v) {
   return fieldError("language", "expected \"python\" or \"bash\", got \"" + name.substr(0, 64) + "\"");
 }
 
-Result<std::map<std::string, std::string>> filesField(const json& v) {
-  if (!v.is_object()) {
-    return fieldError("files", "expected an object of relative path -> base64 bytes, got " + jsonTypeName(v));
-  }
-  if (v.size() > kMaxCallFiles) return fieldError("files", "more than " + std::to_string(kMaxCallFiles) + " files");
-  std::map<std::string, std::string> files;
-  std::set<std::string> dirs;  // every proper prefix, so "a" and "a/b" cannot both be files
-  for (const auto& [path, value] : v.items()) {
-    const std::string field = "files[\"" + path.substr(0, 128) + "\"]";
-    if (auto st = validateCallFilePath(path); !st.ok()) return fieldError(field, st.error().message());
-    DSEC_ASSIGN_OR_RETURN(std::string b64, parseStringField(value, field));
-    auto bytes = base64Decode(b64);
-    if (!bytes.ok()) return fieldError(field, "not base64: " + bytes.error().message());
-    for (size_t slash = path.find('/'); slash != std::string::npos; slash = path.find('/', slash + 1)) {
-      dirs.insert(path.substr(0, slash));
-    }
-    files.emplace(path, std::move(*bytes));
-  }
-  for (const auto& [path, bytes] : files) {
-    if (dirs.count(path))
-      return fieldError("files[\"" + path.substr(0, 128) + "\"]", "is also a directory of another file");
-  }
-  return files;
-}
-
 }  // namespace
 
 Status validateCallFilePath(std::string_view path) {
@@ -133,7 +108,7 @@ Result<CallRequest> parseCallRequest(const json& body, int64_t node_memory_bytes
     req.output_cap = cap == 0 ? kMaxCallOutputCap : cap;
   }
   if (body.contains("files")) {
-    DSEC_ASSIGN_OR_RETURN(req.files, filesField(body["files"]));
+    DSEC_ASSIGN_OR_RETURN(req.files, parseCallFiles(body["files"], false));
   }
   if (body.contains("fresh_interpreter")) {
     const json& f = body["fresh_interpreter"];
@@ -147,6 +122,32 @@ Result<CallRequest> parseCallRequest(const json& body, int64_t node_memory_bytes
     req.image = fs3::imageToString(*layers);
   }
   return req;
+}
+
+Result<std::map<std::string, std::string>> parseCallFiles(const json& v, bool skip_null) {
+  if (!v.is_object()) {
+    return fieldError("files", "expected an object of relative path -> base64 bytes, got " + jsonTypeName(v));
+  }
+  if (v.size() > kMaxCallFiles) return fieldError("files", "more than " + std::to_string(kMaxCallFiles) + " files");
+  std::map<std::string, std::string> files;
+  std::set<std::string> dirs;  // every proper prefix, so "a" and "a/b" cannot both be files
+  for (const auto& [path, value] : v.items()) {
+    const std::string field = "files[\"" + path.substr(0, 128) + "\"]";
+    if (auto st = validateCallFilePath(path); !st.ok()) return fieldError(field, st.error().message());
+    if (skip_null && value.is_null()) continue;
+    DSEC_ASSIGN_OR_RETURN(std::string b64, parseStringField(value, field));
+    auto bytes = base64Decode(b64);
+    if (!bytes.ok()) return fieldError(field, "not base64: " + bytes.error().message());
+    for (size_t slash = path.find('/'); slash != std::string::npos; slash = path.find('/', slash + 1)) {
+      dirs.insert(path.substr(0, slash));
+    }
+    files.emplace(path, std::move(*bytes));
+  }
+  for (const auto& [path, bytes] : files) {
+    if (dirs.count(path))
+      return fieldError("files[\"" + path.substr(0, 128) + "\"]", "is also a directory of another file");
+  }
+  return files;
 }
 
 }  // namespace dsec::launcher

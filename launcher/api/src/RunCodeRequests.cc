@@ -67,28 +67,7 @@ Result<int64_t> memoryField(const json& body, int64_t node_memory_bytes) {
 // path -> base64 (or null: no file, as SandboxFusion skips it).
 Result<std::map<std::string, std::string>> filesField(const json& v) {
   if (v.is_null()) return std::map<std::string, std::string>();
-  if (!v.is_object())
-    return fieldError("files", "expected an object of relative path -> base64, got " + jsonTypeName(v));
-  if (v.size() > kMaxCallFiles) return fieldError("files", "more than " + std::to_string(kMaxCallFiles) + " files");
-  std::map<std::string, std::string> files;
-  std::set<std::string> dirs;
-  for (const auto& [path, value] : v.items()) {
-    const std::string field = "files[\"" + path.substr(0, 128) + "\"]";
-    if (auto st = validateCallFilePath(path); !st.ok()) return fieldError(field, st.error().message());
-    if (value.is_null()) continue;
-    DSEC_ASSIGN_OR_RETURN(std::string b64, parseStringField(value, field));
-    auto bytes = base64Decode(b64);
-    if (!bytes.ok()) return fieldError(field, "not base64: " + bytes.error().message());
-    for (size_t slash = path.find('/'); slash != std::string::npos; slash = path.find('/', slash + 1)) {
-      dirs.insert(path.substr(0, slash));
-    }
-    files.emplace(path, std::move(*bytes));
-  }
-  for (const auto& [path, bytes] : files) {
-    if (dirs.count(path))
-      return fieldError("files[\"" + path.substr(0, 128) + "\"]", "is also a directory of another file");
-  }
-  return files;
+  return parseCallFiles(v, true);
 }
 
 Result<std::vector<std::string>> fetchField(const json& v) {

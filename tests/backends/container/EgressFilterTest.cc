@@ -42,6 +42,7 @@ struct Destination {
 // never block, plus resolver answers. Never: 192.0.2.0/24 and 203.0.113.0/24 besides the node and link-local.
 const std::vector<std::string> kRules = {"10.1.0.0/16", "10.2.3.4:443", "192.0.2.7", "198.51.100.0/24:80"};
 const char* const kResolver = "100.64.0.1";
+const char* const kOwn = "192.0.2.66";  // its own link address, inside a never block
 const Destination kTable[] = {
     {"10.1.5.5", 22, true},         {"10.1.255.1", 9, true},     {"10.2.3.4", 443, true},
     {"10.2.3.4", 80, false},        {"10.3.0.1", 443, false},    {"192.0.2.7", 1, true},
@@ -49,7 +50,7 @@ const Destination kTable[] = {
     {"198.51.100.9", 81, false},    {"127.0.0.1", 5, true},      {"100.64.0.1", 53, true},
     {"100.64.0.1", 54, false},      {"100.100.1.1", 8080, true}, {"100.100.1.1", 8081, false},
     {"100.100.1.2", 9999, true},    {"100.100.1.3", 80, false},  {"8.8.8.8", 53, false},
-    {"169.254.169.254", 80, false}, {"224.0.0.1", 80, false},
+    {"169.254.169.254", 80, false}, {"224.0.0.1", 80, false},    {"192.0.2.66", 8080, true},
 };
 
 // A process in a new network namespace, inside cgroup_dir, that connects when asked and reports errno per try.
@@ -140,7 +141,7 @@ class EgressFilterTest : public ::testing::Test {
     ASSERT_TRUE(filter_->setNever({{ip("192.0.2.0"), 24}, {ip("203.0.113.0"), 24}}).ok());
     auto policy = parseEgressPolicy(kRules);
     ASSERT_TRUE(policy.ok()) << policy.error().toString();
-    ASSERT_TRUE(filter_->setPolicy(prober_->cookie(), *policy, ip(kResolver)).ok());
+    ASSERT_TRUE(filter_->setPolicy(prober_->cookie(), *policy, ip(kResolver), ip(kOwn)).ok());
     ASSERT_TRUE(filter_->allowResolved(prober_->cookie(), ip("100.100.1.1"), 8080, 600).ok());
     ASSERT_TRUE(filter_->allowResolved(prober_->cookie(), ip("100.100.1.2"), 0, 600).ok());
     ASSERT_TRUE(filter_->allowResolved(prober_->cookie(), ip("100.100.1.3"), 80, 0).ok());  // expired at once
@@ -176,7 +177,7 @@ TEST_F(EgressFilterTest, TheAgentsAnswerIsTheKernelsAndThePolicysForEveryDestina
 TEST_F(EgressFilterTest, APolicyChangeIsSeenAtOnceByBoth) {
   auto narrow = parseEgressPolicy({"10.2.3.4:443"});
   ASSERT_TRUE(narrow.ok());
-  ASSERT_TRUE(filter_->setPolicy(prober_->cookie(), *narrow, 0).ok());
+  ASSERT_TRUE(filter_->setPolicy(prober_->cookie(), *narrow, 0, 0).ok());
   for (const auto& d : kTable) {
     const bool kernel = kernelAllows(ip(d.address), d.port);
     EXPECT_EQ(filter_->allows(prober_->cookie(), ip(d.address), d.port), kernel) << d.address << ":" << d.port;
@@ -185,6 +186,7 @@ TEST_F(EgressFilterTest, APolicyChangeIsSeenAtOnceByBoth) {
   EXPECT_FALSE(kernelAllows(ip("10.1.5.5"), 22)) << "the old policy's block still opens";
   EXPECT_FALSE(kernelAllows(ip("100.100.1.1"), 8080)) << "the old policy's resolved answer still opens";
   EXPECT_FALSE(kernelAllows(ip(kResolver), 53)) << "a policy without a resolver still reaches one";
+  EXPECT_FALSE(kernelAllows(ip(kOwn), 8080)) << "an address that is no longer its own is still open";
 }
 
 // An address the node takes becomes unreachable to a policy that covered it, without any policy change, and

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string_view>
 
@@ -25,6 +26,10 @@ constexpr int64_t kMaxCallOutputCap = 16LL << 20;
 // node_memory_bytes bounds "memory" (0 skips that check). The image is normalised ("a:1+b:2"); "" when the
 // body names none (the node's default fncall image).
 Result<backends::fncall::CallRequest> parseCallRequest(const nlohmann::json& body, int64_t node_memory_bytes);
+
+// A call's "files": {relative path: base64 bytes}, at most kMaxCallFiles, no path both a file and a directory of
+// another. skip_null: a null value means no file (SandboxFusion's clients send that); else it is an error.
+Result<std::map<std::string, std::string>> parseCallFiles(const nlohmann::json& v, bool skip_null);
 
 // A path relative to the call's working directory: not empty, not absolute, no "." / ".." / empty components,
 // no NUL, at most kMaxCallPathBytes.
