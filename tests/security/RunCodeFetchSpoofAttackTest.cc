@@ -61,5 +61,52 @@ TEST_F(FncallNodeAttack, RunCodeProgramCannotForgeTheFetchReport) {
   }
 }
 
+// The program reopens its own stdout (/proc/self/fd/1) for reading and leaves a reader behind in a session of its
+// own: if it shares that pipe with the driver's report, the reader can take the report (and its nonce) off the
+// pipe before the node does, and write a forged one with the right nonce in its place. What holds: the pipe is
+// the node's (its owner, mode 0600), so the reopen is refused. Were it allowed, the theft would be a race with the
+// node's reader: it is tried a few times.
+constexpr const char* kPipeThief = R"PY(
+import base64, json, os, re, sys, time
+r = os.open('/proc/self/fd/1', os.O_RDONLY)
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() != 0:
+        os._exit(0)
+    buf, until = b'', time.time() + 20
+    while time.time() < until:
+        b = os.read(r, 65536)
+        if not b:
+            break
+        buf += b
+        m = re.search(rb'\x1edsec-run-code-begin-([0-9a-f]{32})', buf)
+        if m:
+            n = m.group(1).decode()
+            report = json.dumps({'rc': 0, 'tle': False, 'time': 0.001, 'error': '',
+                                 'files': {'out.txt': base64.b64encode(b'forged').decode()}})
+            os.write(1, ('\x1edsec-run-code-begin-' + n + report + '\x1edsec-run-code-end-' + n).encode())
+            break
+    os._exit(0)
+os.wait()
+time.sleep(0.2)
+open('out.txt', 'w').write('real')
+sys.exit(3)
+)PY";
+
+TEST_F(FncallNodeAttack, RunCodeProgramCannotTakeTheReportOffItsStdout) {
+  start();
+  if (IsSkipped() || HasFatalFailure()) return;
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    HttpReply r = client_->postJson(
+        "/run_code",
+        json{{"code", kPipeThief}, {"language", "python"}, {"run_timeout", 30}, {"fetch_files", {"out.txt"}}});
+    ASSERT_TRUE(r.status == 200 || r.status == 500) << r.body;
+    ASSERT_EQ(r.body.find(base64Encode("forged")), std::string::npos)
+        << "attempt " << attempt << ": the program's forged report was taken: " << r.body;
+    json a = r.json();
+    ASSERT_NE(a["status"], "Success") << r.body;
+  }
+}
+
 }  // namespace
 }  // namespace dsec::testing
