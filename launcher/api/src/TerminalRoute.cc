@@ -60,6 +60,9 @@ class TerminalSession : public backends::ExecSink {
   bool onStarted(const std::shared_ptr<backends::ExecControl>& control) override {
     {
       std::lock_guard lock(control_mu_);
+      // The client left (or the server stops) before the command started: it is stopped now, not left running
+      // with nobody on the other end.
+      if (hung_up_) return false;
       control_ = control;
     }
     return sendText(json{{"type", "started"}});
@@ -208,6 +211,7 @@ class TerminalSession : public backends::ExecSink {
     std::shared_ptr<backends::ExecControl> c;
     {
       std::lock_guard lock(control_mu_);
+      hung_up_ = true;
       c = control_;
     }
     if (c != nullptr) (void)c->signal(SIGKILL);
@@ -246,6 +250,7 @@ class TerminalSession : public backends::ExecSink {
   UniqueFd ended_;
   std::mutex control_mu_;
   std::shared_ptr<backends::ExecControl> control_;
+  bool hung_up_ = false;  // under control_mu_: the session is over, a command starting now is stopped
   std::mutex send_mu_;
   std::string frame_;
   bool broken_ = false;

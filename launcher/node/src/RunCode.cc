@@ -86,9 +86,12 @@ Result<RunCodeResult> runOnFncall(NodeAgent& agent, const RunCodeRequest& reques
     return result;
   }
   // The driver (fetchDriverSource) runs the program as its child and reads the files back before the call ends.
+  // The nonce marks the driver's report on the stdout it shares with the program: nothing the program can see may
+  // name it (a program that knew it could print a report of its own and kill the driver), so the program's file
+  // has a name of its own, and the spec naming the nonce is gone before the program starts.
   const std::string nonce = randomHex(32);
   const bool python = request.language == RunLanguage::kPython;
-  const std::string main = ".dsec-run-" + nonce + (python ? ".py" : ".sh");
+  const std::string main = ".dsec-run-" + randomHex(32) + (python ? ".py" : ".sh");
   json spec{{"main", main},
             {"language", runLanguageName(request.language)},
             {"timeout", request.run_timeout},
@@ -272,6 +275,12 @@ std::string fetchDriverSource(const std::string& nonce) {
   // The nonce is hex (randomHex): it goes into the source as it is. The program runs in its own session so that
   // the time limit kills all of it; the driver, like the program, runs as the call's unprivileged user.
   return "import base64, json, os, signal, stat, subprocess, sys, time\n"
+         // Not dumpable: the program (its child, of the same uid) cannot read the nonce from its memory.
+         "try:\n"
+         "    import ctypes\n"
+         "    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)\n"
+         "except Exception:\n"
+         "    pass\n"
          "N = '" +
          nonce +
          "'\n"
