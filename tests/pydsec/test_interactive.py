@@ -3,6 +3,7 @@
 No timing assertions: a command that waits on something the test controls proves that the stream began before
 the command printed anything (the test can only release it after exec_stream returned)."""
 
+import time
 import uuid
 
 import pytest
@@ -255,3 +256,17 @@ def test_aio_terminal(dsec):
                     assert exit["exit_code"] == 6 and "21 61" in term.output.decode()
 
     asyncio.run(main())
+
+
+def test_a_silent_stream_whose_client_left_kills_its_command(client, sb):
+    # The command prints its start and then nothing: only the connection's close can tell the node its client went.
+    stream = sb.exec_stream("echo up; exec sleep 600", timeout=900)
+    assert next(stream) == ("stdout", "up\n")
+    stream.close()
+    gone = False
+    for _ in range(200):
+        if "sleep 600" not in sb.exec("ps -o args").stdout:
+            gone = True
+            break
+        time.sleep(0.05)
+    assert gone, "the command of a stream whose client left is still running"

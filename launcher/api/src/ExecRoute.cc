@@ -2,6 +2,7 @@
 // (ApiServer.h, StdinFeeds.h).
 #include <mutex>
 
+#include "dsec/common/Logging.h"
 #include "dsec/launcher/api/ApiServer.h"
 #include "dsec/launcher/api/ExecResponse.h"
 #include "dsec/launcher/api/JsonEscape.h"
@@ -21,13 +22,24 @@ class NdjsonSink : public backends::ExecSink {
  public:
   // exec_id: the id its stdin is written to (streamed stdin), else empty; stdin_read_end: the node's copy of the
   // command's stdin, let go once the command holds its own (so its exit breaks the pipe for writers).
-  NdjsonSink(HttpExchange& ex, std::string exec_id, UniqueFd stdin_read_end)
-      : ex_(ex), exec_id_(std::move(exec_id)), stdin_read_end_(std::move(stdin_read_end)) {}
+  NdjsonSink(HttpExchange& ex, std::string exec_id, UniqueFd stdin_read_end, HangUpWatch* hangups)
+      : ex_(ex), exec_id_(std::move(exec_id)), stdin_read_end_(std::move(stdin_read_end)), hangups_(hangups) {}
+  ~NdjsonSink() override {
+    if (hangup_token_ != 0) hangups_->unwatch(hangup_token_);  // before the connection can be closed
+  }
+  NdjsonSink(const NdjsonSink&) = delete;
+  NdjsonSink& operator=(const NdjsonSink&) = delete;
 
   // The stream opens as the command starts, whether or not it ever writes: the first line says it runs.
-  bool onStarted(const std::shared_ptr<backends::ExecControl>& /*control*/) override {
+  bool onStarted(const std::shared_ptr<backends::ExecControl>& control) override {
     std::lock_guard lock(mu_);
     stdin_read_end_.reset();
+    // A silent command learns of its client's going from the connection itself, not from a failed write.
+    if (auto token = hangups_->watch(ex_.socketFd(), control); token.ok()) {
+      hangup_token_ = *token;
+    } else {
+      DSEC_LOG(kWarn, "api") << token.error().toString() << ": a silent stream outlives its client";
+    }
     if (!open()) return false;
     json line = {{"started", true}};
     if (!exec_id_.empty()) line["exec_id"] = exec_id_;
@@ -86,6 +98,8 @@ class NdjsonSink : public backends::ExecSink {
   HttpExchange& ex_;
   const std::string exec_id_;
   UniqueFd stdin_read_end_;
+  HangUpWatch* hangups_;
+  uint64_t hangup_token_ = 0;  // watched from the start (0: not)
   std::mutex mu_;
   bool started_ = false;
   JsonStringEscaper out_escaper_, err_escaper_;
@@ -151,7 +165,7 @@ void ApiServer::exec(HttpExchange& ex, const std::string& id, bool stream) {
     stdin_read_end = std::move(feed->second);
     req->stdin_fd = stdin_read_end.get();
   }
-  NdjsonSink sink(ex, exec_id, std::move(stdin_read_end));
+  NdjsonSink sink(ex, exec_id, std::move(stdin_read_end), &hangups_);
   auto result = lease->sandbox().execStream(*req, sink);
   if (!exec_id.empty()) stdin_feeds_.close(exec_id);
   if (!result.ok()) {

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "dsec/launcher/api/Edge.h"
+#include "dsec/launcher/api/HangUpWatch.h"
 #include "dsec/launcher/api/HttpServer.h"
 #include "dsec/launcher/api/OutputBudget.h"
 #include "dsec/launcher/api/Router.h"
@@ -66,6 +67,7 @@ class ApiServer : public RequestHandler {
   OutputBudget output_budget_;
   RunCodeOptions run_code_;
   StdinFeeds stdin_feeds_;
+  HangUpWatch hangups_;  // streamed execs whose client went away
 };
 
 nlohmann::json execResultToJson(const backends::ExecResult& r);
