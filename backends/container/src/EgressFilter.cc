@@ -358,8 +358,6 @@ Status EgressFilter::setPolicy(uint64_t netns_cookie, const EgressPolicy& policy
   SandboxPolicy next;
   auto found = sandboxes_.find(netns_cookie);
   next.generation = found == sandboxes_.end() ? 1 : found->second.generation + 1;
-  next.resolver_ip4 = resolver_ip4;
-  next.own_ip4 = own_ip4;
   next.policy = policy;
   const int allow_fd = bpf_map__fd(skeleton_->maps.allow);
   for (const auto& rule : policy.rules) {

@@ -98,10 +98,8 @@ class EgressFilter {
 
   struct SandboxPolicy {
     uint32_t generation = 0;
-    uint32_t resolver_ip4 = 0;
-    uint32_t own_ip4 = 0;
     EgressPolicy policy;
-    std::map<std::pair<uint32_t, uint16_t>, double> resolved;  // (ip4, port) -> expiry (monotonic seconds)
+    std::map<std::pair<uint32_t, uint16_t>, double> resolved;  // (ip4, port) -> expiry (CLOCK_BOOTTIME seconds)
   };
   void eraseEntries(uint64_t netns_cookie, const SandboxPolicy& policy);
   Status installResolved(uint64_t netns_cookie, SandboxPolicy& policy, uint32_t ip4, uint16_t port,
