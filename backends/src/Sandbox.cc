@@ -14,6 +14,16 @@ const char* sandboxStateName(SandboxState state) {
   return "unknown";
 }
 
+const char* snapshotKindName(SnapshotKind kind) {
+  switch (kind) {
+    case SnapshotKind::kFilesystem:
+      return "filesystem";
+    case SnapshotKind::kMachine:
+      return "machine";
+  }
+  return "unknown";
+}
+
 const char* cpuQosName(CpuQos qos) {
   switch (qos) {
     case CpuQos::kBatch:

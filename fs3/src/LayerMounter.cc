@@ -37,6 +37,13 @@ void removeMountDirs(const std::string& dir) {
 
 }  // namespace
 
+std::vector<std::string> ImageMount::files() const {
+  std::vector<std::string> out;
+  if (mounter_ == nullptr) return out;
+  for (const auto& ref : layers_) out.push_back(mounter_->store_->imagePath(ref));
+  return out;
+}
+
 ImageMount::~ImageMount() {
   if (mounter_ != nullptr) mounter_->release(layers_);
 }

@@ -149,6 +149,10 @@ class RecordingSandbox : public Sandbox {
     u.oom_kills = 5;
     return u;
   }
+  Result<SnapshotKind> snapshot(const std::string& dir) override {
+    note("snapshot " + dir);
+    return SnapshotKind::kMachine;
+  }
   nlohmann::json persistentState() const override {
     note("persistentState");
     return {{"rec", 1}};
@@ -325,6 +329,12 @@ std::vector<Operation> operations() {
          auto u = s.usage();
          EXPECT_TRUE(u.ok() && u->memory_bytes == 1234 && u->oom_kills == 5);
          return "usage";
+       }},
+      {"snapshot",
+       [](Sandbox& s) {
+         auto k = s.snapshot("/x/snap");
+         EXPECT_TRUE(k.ok() && *k == SnapshotKind::kMachine);
+         return "snapshot /x/snap";
        }},
       {"persistentState",
        [](Sandbox& s) {

@@ -379,6 +379,11 @@ class ContainerBackend : public Backend {
     return std::unique_ptr<Sandbox>(std::move(sandbox));
   }
 
+  // A container's snapshot is a layer: the node stacks it on the image and calls create().
+  Result<std::unique_ptr<Sandbox>> restore(const SandboxSpec& spec, const std::string& /*dir*/) override {
+    return Error(ErrorCode::kUnsupported, "sandbox " + spec.id + ": container snapshots are restored as a layer");
+  }
+
   Result<std::unique_ptr<Sandbox>> adopt(const nlohmann::json& state) override {
     pid_t pid;
     uint64_t start_time;

@@ -133,6 +133,7 @@ class ContainerSandbox : public Sandbox {
   Status reclaimMemory() override;
   Status destroy() override;
   Result<SandboxUsage> usage() override;
+  Result<SnapshotKind> snapshot(const std::string& dir) override;
   nlohmann::json persistentState() const override;
 
  private:

@@ -60,6 +60,8 @@ class SimulatedSandbox : public Sandbox {
     return okStatus();
   }
   Result<SandboxUsage> usage() override { return SandboxUsage{}; }
+  // A simulated sandbox has no files or memory to capture.
+  Result<SnapshotKind> snapshot(const std::string&) override { return simulatedError(spec_.id, "snapshots"); }
 
   nlohmann::json persistentState() const override {
     return nlohmann::json{{"backend", kSimulatedBackendName},
@@ -81,6 +83,10 @@ class SimulatedBackend : public Backend {
   Result<std::unique_ptr<Sandbox>> create(const SandboxSpec& spec) override {
     if (spec.id.empty()) return Error::invalid("simulated sandbox without an id");
     return std::unique_ptr<Sandbox>(std::make_unique<SimulatedSandbox>(spec));
+  }
+
+  Result<std::unique_ptr<Sandbox>> restore(const SandboxSpec& spec, const std::string&) override {
+    return simulatedError(spec.id, "snapshots");
   }
 
   // A simulated sandbox is only its record: a restarted agent re-adopts it as it was (running or paused).

@@ -143,12 +143,15 @@ json toJson(const NodeInfo& info) {
   for (auto kind : info.backends) offered.push_back(backends::backendKindName(kind));
   json unavailable = json::object();
   for (const auto& [kind, why] : info.unavailable_backends) unavailable[backends::backendKindName(kind)] = why;
+  json notes = json::object();
+  for (const auto& [kind, note] : info.backend_notes) notes[backends::backendKindName(kind)] = note;
   const NodeCapacity& c = info.capacity;
   return json{
       {"node", info.node},
       {"fleet", info.fleet},
       {"backends", std::move(offered)},
       {"unavailable_backends", std::move(unavailable)},
+      {"backend_notes", std::move(notes)},
       {"capacity",
        {{"max_sandboxes", c.max_sandboxes},
         {"free_sandboxes", c.free_sandboxes},

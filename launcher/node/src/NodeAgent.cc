@@ -74,6 +74,9 @@ NodeAgent::NodeAgent(const NodeOptions& options, Metrics* metrics, NodeParts par
       images_(std::move(parts.images)),
       state_(std::move(parts.state)),
       backend_(std::move(parts.backend)),
+      machine_backends_(std::move(parts.machine_backends)),
+      machine_unavailable_(std::move(parts.machine_unavailable)),
+      machine_notes_(std::move(parts.machine_notes)),
       backend_has_cgroups_(parts.has_cgroups),
       backend_runs_processes_(parts.runs_processes),
       unavailable_reason_(std::move(parts.backend_unavailable)),
@@ -81,6 +84,22 @@ NodeAgent::NodeAgent(const NodeOptions& options, Metrics* metrics, NodeParts par
       // does not exist, never the host's root.
       cgroup_parent_(parts.cgroup_parent.empty() ? cgroupParentForRoot(options.root) : parts.cgroup_parent) {
   if (!parts.uses_host_resources) options_.density = hostIndependentDensityConfig(options_.density);
+}
+
+backends::Backend* NodeAgent::backendFor(backends::BackendKind kind) const {
+  if (kind == backends::BackendKind::kContainer) return backend_.get();
+  auto it = machine_backends_.find(kind);
+  return it == machine_backends_.end() ? nullptr : it->second.get();
+}
+
+backends::Backend* NodeAgent::backendForState(const nlohmann::json& backend_state) const {
+  if (backend_state.is_object() && backend_state.contains("backend") && backend_state["backend"].is_string()) {
+    auto kind = backends::parseBackendKind(backend_state["backend"].get<std::string>());
+    if (kind.ok() && *kind != backends::BackendKind::kContainer) {
+      if (auto* b = backendFor(*kind)) return b;
+    }
+  }
+  return backend_.get();
 }
 
 Result<std::unique_ptr<NodeAgent>> NodeAgent::start(const NodeOptions& options, Metrics* metrics) {
@@ -228,7 +247,10 @@ backends::SandboxSpec NodeAgent::sandboxSpec(const SandboxRecord& rec, const Cpu
   backends::SandboxSpec spec;
   spec.id = rec.id;
   spec.image = params.image;
-  if (rec.mount) spec.lower_dirs = rec.mount->dirs();
+  if (rec.mount) {
+    spec.lower_dirs = rec.mount->dirs();
+    spec.lower_files = rec.mount->files();
+  }
   spec.memory_bytes = params.memory_bytes;
   spec.cpus = params.cpus;
   spec.pids = params.pids;
@@ -539,8 +561,14 @@ NodeInfo NodeAgent::nodeInfo() {
     info.unavailable_backends[backends::BackendKind::kContainer] = unavailable_reason_;
   }
   for (auto kind : {backends::BackendKind::kMicrovm, backends::BackendKind::kVm}) {
-    info.unavailable_backends[kind] = "not available on this node yet";
+    if (machine_backends_.count(kind) != 0) {
+      info.backends.push_back(kind);
+    } else {
+      auto why = machine_unavailable_.find(kind);
+      info.unavailable_backends[kind] = why != machine_unavailable_.end() ? why->second : "not available on this node";
+    }
   }
+  for (const auto& [kind, note] : machine_notes_) info.backend_notes[kind] = note;
   int64_t committed = 0, free_slots = 0;
   {
     std::lock_guard lock(mu_);

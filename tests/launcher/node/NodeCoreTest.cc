@@ -31,6 +31,10 @@ class CountingBackend : public backends::Backend {
   Result<std::unique_ptr<backends::Sandbox>> create(const backends::SandboxSpec& spec) override {
     return inner_->create(spec);
   }
+  Result<std::unique_ptr<backends::Sandbox>> restore(const backends::SandboxSpec& spec,
+                                                     const std::string& dir) override {
+    return inner_->restore(spec, dir);
+  }
   Result<std::unique_ptr<backends::Sandbox>> adopt(const json& state) override { return inner_->adopt(state); }
   Status reap(const json& state) override {
     reaped.push_back(state);

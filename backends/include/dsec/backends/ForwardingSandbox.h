@@ -44,6 +44,7 @@ class ForwardingSandbox : public Sandbox {
   Status reclaimMemory() override { return inner_->reclaimMemory(); }
   Status destroy() override { return inner_->destroy(); }
   Result<SandboxUsage> usage() override { return inner_->usage(); }
+  Result<SnapshotKind> snapshot(const std::string& dir) override { return inner_->snapshot(dir); }
 
   nlohmann::json persistentState() const override { return inner_->persistentState(); }
 

@@ -39,6 +39,8 @@ struct SandboxSpec {
   std::string id;                          // "<node>-<hex>", also the hostname inside
   std::string image;                       // "debian:12+python:3.11", for info
   std::vector<std::string> lower_dirs;     // layer mount points, bottom first
+  // The same layers' EROFS files, bottom first (machine backends attach them as read-only disks).
+  std::vector<std::string> lower_files;
   int64_t memory_bytes = 0;                // 0 = unlimited
   double cpus = 0;                         // 0 = unlimited
   int64_t pids = 0;                        // 0 = unlimited
@@ -132,6 +134,11 @@ struct FileStat {
 };
 
 enum class SandboxState { kRunning, kPaused, kStopped };
+
+// What a snapshot holds. kFilesystem: the files the sandbox wrote (its writable upper, as a layer); processes
+// and memory are not carried (containers). kMachine: memory, devices, processes and disk (microvm, vm).
+enum class SnapshotKind { kFilesystem, kMachine };
+const char* snapshotKindName(SnapshotKind kind);
 const char* sandboxStateName(SandboxState state);
 
 struct SandboxUsage {
@@ -193,6 +200,10 @@ class Sandbox {
   // Kills every process, removes mounts and cgroups, frees the upper. Idempotent.
   virtual Status destroy() = 0;
   virtual Result<SandboxUsage> usage() = 0;
+  // Captures the sandbox into `dir`: an empty directory the caller made, which may be on storage other nodes
+  // read. The sandbox is stopped for the capture and runs on afterwards in the state it was in. What is written
+  // is the backend's own (Backend::restore reads it); the kind says what it holds.
+  virtual Result<SnapshotKind> snapshot(const std::string& dir) = 0;
 
   // What a restarted agent needs to re-adopt this sandbox (written by the agent to its state dir).
   virtual nlohmann::json persistentState() const = 0;
@@ -205,6 +216,10 @@ class Backend {
   // Kernel features this backend needs that the host lacks; empty when usable.
   virtual std::vector<std::string> missingFeatures() const = 0;
   virtual Result<std::unique_ptr<Sandbox>> create(const SandboxSpec& spec) = 0;
+  // A new sandbox from a snapshot directory written by a sandbox of this backend (Sandbox::snapshot), with
+  // spec's id, limits and layers. kUnsupported for a backend whose snapshots the caller restores otherwise
+  // (a container's is a layer the node stacks on top of the image and hands to create).
+  virtual Result<std::unique_ptr<Sandbox>> restore(const SandboxSpec& spec, const std::string& dir) = 0;
   // Re-attaches to a sandbox from persistentState() after an agent restart; kNotFound if it is gone
   // (the caller then calls reap()).
   virtual Result<std::unique_ptr<Sandbox>> adopt(const nlohmann::json& state) = 0;

@@ -30,6 +30,8 @@ class ImageMount {
   const std::vector<LayerRef>& layers() const { return layers_; }
   // Mount points, bottom first (overlay wants them top first in lowerdir=).
   const std::vector<std::string>& dirs() const { return dirs_; }
+  // The layers' EROFS files, bottom first (machine backends attach them as disks); empty without a mounter.
+  std::vector<std::string> files() const;
 
  private:
   LayerMounter* mounter_;

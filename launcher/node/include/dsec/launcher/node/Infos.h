@@ -134,6 +134,7 @@ struct NodeInfo {
   std::string fleet;
   std::vector<backends::BackendKind> backends;                        // usable here, in the order the node offers them
   std::map<backends::BackendKind, std::string> unavailable_backends;  // with why not
+  std::map<backends::BackendKind, std::string> backend_notes;  // how an available one runs here ("TCG: ...")
   NodeCapacity capacity;
   size_t sandboxes = 0;
   std::optional<DensityNodeInfo> density;

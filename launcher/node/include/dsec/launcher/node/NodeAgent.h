@@ -169,6 +169,12 @@ class NodeAgent : private DensityHost {
   // The fncall backend (POST /v1/call); null when unusable here, with the reason (NodeAgentFncall.cc).
   NodeFncall* fncall() { return fncall_.get(); }
   const std::string& fncallUnavailableReason() const { return fncall_unavailable_; }
+  // The backend that makes sandboxes of `kind`: the container backend for containers, a machine backend for
+  // microvm and vm; null when this node has none of that kind.
+  backends::Backend* backendFor(backends::BackendKind kind) const;
+  // The backend a state record's sandbox came from (its "backend" field names it; the container backend
+  // otherwise, and for kinds this node no longer runs).
+  backends::Backend* backendForState(const nlohmann::json& backend_state) const;
 
  private:
   // DensityHost: what the density loop samples and saves.
@@ -216,6 +222,9 @@ class NodeAgent : private DensityHost {
   std::unique_ptr<ImageSource> images_;
   std::unique_ptr<StateStore> state_;
   std::unique_ptr<backends::Backend> backend_;
+  std::map<backends::BackendKind, std::unique_ptr<backends::Backend>> machine_backends_;
+  std::map<backends::BackendKind, std::string> machine_unavailable_;
+  std::map<backends::BackendKind, std::string> machine_notes_;
   bool backend_has_cgroups_ = true;
   bool backend_runs_processes_ = true;
   std::string unavailable_reason_;

@@ -3,9 +3,11 @@
 // (records only), which need no root: simulated nodes and the node core's unit tests use those.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 
+#include "dsec/backends/BackendKind.h"
 #include "dsec/backends/Sandbox.h"
 #include "dsec/launcher/node/ImageSource.h"
 #include "dsec/launcher/node/StateStore.h"
@@ -18,6 +20,11 @@ struct NodeOptions;
 struct NodeParts {
   std::unique_ptr<backends::Backend> backend;  // null when it could not start: backend_unavailable says why
   std::string backend_unavailable;
+  // The machine backends (microvm, vm) where they can run, and why the others cannot; notes say how the ones
+  // here run ("TCG: this host's KVM runs only PVM guest kernels"). Sandboxes of other kinds use `backend`.
+  std::map<backends::BackendKind, std::unique_ptr<backends::Backend>> machine_backends;
+  std::map<backends::BackendKind, std::string> machine_unavailable;
+  std::map<backends::BackendKind, std::string> machine_notes;
   std::unique_ptr<ImageSource> images;
   std::unique_ptr<StateStore> state;
   // Where the backend puts sandbox cgroups (the CPU allocator and density loop look there, and the agent removes
