@@ -255,7 +255,8 @@ class Sandbox:
 
     def fork(self, n: int = 1, processes: bool = False) -> List["Sandbox"]:
         """``n`` new sandboxes (1..256) that start from this one's state now, on its node (a snapshot is taken
-        and restored ``n`` times). Each is an ordinary sandbox: ``with`` destroys it."""
+        and restored ``n`` times). Each is an ordinary sandbox: ``with`` destroys it. The snapshot stays in the
+        store (each copy's ``cached_info["snapshot"]`` names it): delete it when no more copies are wanted."""
         body = v.fork_body(n, processes)
         _snap, infos = _ops.fork_answer(self._t().call("POST", self._path + "/fork", payload=body), n)
         return [Sandbox(self._client, info["id"], info) for info in infos]

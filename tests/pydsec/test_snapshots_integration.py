@@ -64,6 +64,10 @@ def test_snapshot_fork_diverge_restore_list_delete(client, dsec, snapshots_suppo
             for c in copies:
                 with pytest.raises(pydsec.NotFoundError):
                     c.info()
+        # The fork's own snapshot (of the source as it was at the fork) stays until deleted.
+        fork_snap = client.snapshot(copies[0].cached_info["snapshot"])
+        assert fork_snap.source == src.id and fork_snap.name != name
+        assert fork_snap.delete() is True
 
         with client.create(snapshot=snap, timeout=300, labels={"restored": "1"}) as restored:
             info = restored.cached_info
@@ -99,6 +103,7 @@ def test_aio_snapshot_and_restore(dsec, client, snapshots_supported):
                 for copy in copies:
                     async with copy:
                         assert await copy.read_file("/work/a.txt") == b"aio\n"
+                assert await c.delete_snapshot(copies[0].cached_info["snapshot"]) is True
             assert name in {s.name for s in await c.snapshots()}
             assert await snap.delete() is True
 
