@@ -71,7 +71,8 @@ def test_snapshot_fork_diverge_restore_list_delete(client, dsec, snapshots_suppo
 
         with client.create(snapshot=snap, timeout=300, labels={"restored": "1"}) as restored:
             info = restored.cached_info
-            assert restored.id != src.id and info["image"] == dsec.image and info["labels"] == {"restored": "1"}
+            assert restored.id != src.id and info["labels"] == {"restored": "1"} and info["snapshot"] == name
+            assert info["image"].startswith(dsec.image + "+")  # the snapshot's files are a layer over the image
             assert restored.read_file("/work/state.txt") == b"before\n"
             assert restored.read_file("/work/d/n.txt") == b"nested\n"
             assert not restored.exists("/etc/group")
