@@ -2,6 +2,8 @@
 #   bin/dsec, bin/dsec-launch                     the CLI and the fleet launcher (run under srun/mpirun)
 #   libexec/dsec/dsec-sandbox-init, -spawner      found there by the backend (../libexec/dsec from bin/)
 #   libexec/dsec/dsec-qos-probe                   what `dsec bench qos` runs inside its sandboxes
+#   libexec/dsec/dsec-guest-agent                 PID 1 of microvm/vm guests (found there by backends/vm)
+#   libexec/dsec/fetch-guest-kernel.sh            installs the guest kernel (/usr/local/lib/dsec/guest-kernel)
 #   DSEC_SPANK_PLUGIN_DIR/spank_dsec.so           with its own dsec-sandbox-init beside it (the plugin's first
 #                                                 choice: slurmstepd's directory has no libexec/dsec)
 #   DSEC_PYTHON_SITEDIR/pydsec                    the SDK (standard library only)
@@ -37,8 +39,9 @@ install(TARGETS dsec RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 if(TARGET dsec-launch)
   install(TARGETS dsec-launch RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 endif()
-install(TARGETS dsec-sandbox-init dsec-sandbox-spawner dsec-qos-probe
+install(TARGETS dsec-sandbox-init dsec-sandbox-spawner dsec-qos-probe dsec-guest-agent
         RUNTIME DESTINATION ${CMAKE_INSTALL_LIBEXECDIR}/dsec)
+install(PROGRAMS ${PROJECT_SOURCE_DIR}/backends/vm/guest/fetch-guest-kernel.sh DESTINATION ${CMAKE_INSTALL_LIBEXECDIR}/dsec)
 if(TARGET spank_dsec)
   install(TARGETS spank_dsec LIBRARY DESTINATION ${DSEC_SPANK_PLUGIN_DIR})
   install(PROGRAMS $<TARGET_FILE:dsec-sandbox-init> DESTINATION ${DSEC_SPANK_PLUGIN_DIR})
