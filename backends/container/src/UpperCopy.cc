@@ -102,11 +102,11 @@ class Copier {
 
   // user.overlay.opaque "y" and the user's own user.* xattrs; nothing else.
   static Status copyXattrs(int src, int dst, const std::string& rel) {
-    std::vector<char> names(64 * 1024);
+    std::vector<char> names(size_t{64} << 10);
     ssize_t n = ::flistxattr(src, names.data(), names.size());
     if (n < 0 && (errno == ENOTSUP || errno == EOPNOTSUPP)) return okStatus();
     if (n < 0) return Error::sys(errno, "list xattrs of /" + rel + " in the upper");
-    std::vector<char> value(64 * 1024);
+    std::vector<char> value(size_t{64} << 10);
     for (ssize_t off = 0; off < n;) {
       std::string name(names.data() + off);
       off += static_cast<ssize_t>(name.size()) + 1;

@@ -319,7 +319,7 @@ Status NodeAgent::startSandbox(SandboxRecord& rec, const CpuReservation& cores) 
   if (!mount.ok()) return mount.error().wrap("mounting image " + params.image);
   rec.mount = std::move(*mount);
 
-  auto sandbox = makeSandbox(rec, sandboxSpec(rec, cores));
+  auto sandbox = makeSandbox(rec, sandboxSpec(rec, cores));  // a machine snapshot's restore, else create
   if (!sandbox.ok()) {
     Error e = explainLimitError(sandbox.error(), static_cast<int64_t>(sandboxCount()));
     DSEC_LOG(kWarn, kLog) << "create " << rec.id << " failed: " << e.toString();

@@ -3,6 +3,7 @@
 // (kFilesystem) is restored as a layer, snap-NAME:1, imported into this node's layer store and stacked on the
 // source's image; a machine snapshot by its backend's restore(). Restores are ordinary creates otherwise: admitted,
 // booked, recorded (CreateParams::snapshot names the snapshot), timed out and destroyed like any sandbox.
+#include <algorithm>
 #include <set>
 
 #include "dsec/common/Logging.h"
@@ -181,7 +182,11 @@ Status NodeAgent::deleteSnapshot(const std::string& name) {
 void NodeAgent::reapSnapshots() {
   if (!snapshots_ || !backend_has_cgroups_) return;
   const double now = monotonicSeconds();
-  if (now - snapshots_reaped_mono_.load() < kSnapshotReapSeconds) return;
+  const double retention = options_.snapshot_retention_seconds;
+  if (now - snapshots_reaped_mono_.load() <
+      (retention > 0 ? std::min(kSnapshotReapSeconds, retention) : kSnapshotReapSeconds)) {
+    return;
+  }
   snapshots_reaped_mono_.store(now);
   std::set<std::string> kept;
   const double cutoff = wallSeconds() - options_.snapshot_retention_seconds;
