@@ -238,10 +238,15 @@ class ChannelImpl : public AgentChannel {
     DSEC_ASSIGN_OR_RETURN(auto lease, acquire(deadline));
     DSEC_ASSIGN_OR_RETURN(uint32_t req, start(*lease, proto::FrameType::kStat, m, deadline));
     DSEC_ASSIGN_OR_RETURN(proto::Frame f, readReply(lease->port(), req, deadline));
-    lease->finish();
-    if (f.type == proto::FrameType::kError) return guestError(f);
+    if (f.type == proto::FrameType::kError) {
+      lease->finish();
+      return guestError(f);
+    }
     proto::StatEntry e;
-    if (f.type != proto::FrameType::kStatReply || !e.decode(f.payload)) return protocolError(*lease, "stat reply");
+    if (f.type != proto::FrameType::kStatReply || !e.decode(f.payload) || e.name.empty()) {
+      return protocolError(*lease, "stat reply");
+    }
+    lease->finish();
     return toFileStat(e);
   }
 
@@ -292,10 +297,13 @@ class ChannelImpl : public AgentChannel {
     uint32_t req = lease->port().next_request++;
     DSEC_TRY(sendFrame(lease->port(), proto::encodeFrame(proto::FrameType::kUsage, req, {}), deadline));
     DSEC_ASSIGN_OR_RETURN(proto::Frame f, readReply(lease->port(), req, deadline));
-    lease->finish();
-    if (f.type == proto::FrameType::kError) return guestError(f);
+    if (f.type == proto::FrameType::kError) {
+      lease->finish();
+      return guestError(f);
+    }
     proto::UsageMsg m;
     if (f.type != proto::FrameType::kUsageReply || !m.decode(f.payload)) return protocolError(*lease, "usage reply");
+    lease->finish();
     return GuestUsage{m.memory_used, m.pids};
   }
 
