@@ -37,7 +37,8 @@ void sendRaw(int fd, const std::string& bytes) {
 class FakeGuest {
  public:
   using Behaviour = std::function<void(int fd, const proto::Frame& request)>;
-  FakeGuest(int fd, Behaviour misbehave, std::function<bool()> answer_hello = [] { return true; })
+  FakeGuest(
+      int fd, Behaviour misbehave, std::function<bool()> answer_hello = [] { return true; })
       : fd_(fd), misbehave_(std::move(misbehave)), answer_hello_(std::move(answer_hello)) {
     thread_ = std::thread([this] { run(); });
   }
@@ -130,14 +131,16 @@ TEST(VmHostileAgentTest, AGuestThatNeverAnswersHelloFailsConnectAtItsTimeout) {
 
 TEST(VmHostileAgentTest, OversizeFramesGarbageAndBadTypesFailTheRequestAtOnce) {
   const std::vector<std::pair<const char*, std::string>> attacks = {
-      {"oversize", [] {
+      {"oversize",
+       [] {
          std::string h(proto::kHeaderBytes, '\0');
          proto::putU32(h.data(), 0xffffffffu);  // 4 GiB: refused before a byte of it is read
          proto::putU16(h.data() + 4, static_cast<uint16_t>(proto::FrameType::kStdout));
          return h;
        }()},
       {"garbage", std::string(4096, '\xa5')},
-      {"bad type", [] {
+      {"bad type",
+       [] {
          std::string f = proto::encodeFrame(proto::FrameType::kOk, 1, "");
          proto::putU16(f.data() + 4, 999);
          return f;
