@@ -6,6 +6,8 @@
 
 #include "Commands.h"
 #include "dsec/backends/container/ContainerBackend.h"
+#include "dsec/backends/vm/Initramfs.h"
+#include "dsec/backends/vm/VmBackend.h"
 #include "dsec/common/Cgroup.h"
 #include "dsec/common/HostFeatures.h"
 #include "dsec/common/Process.h"
@@ -76,6 +78,21 @@ int cmdDoctor(const Invocation& inv) {
                            : filewatch + " (paths stay protected; refusals are not recorded)");
     container_ok =
         container_ok && init_problem.empty() && spawner_problem.empty() && userns_problem.empty() && other.empty();
+  }
+
+  std::cout << "microvm and vm backends:\n";
+  {
+    bool qemu = !findProgram("qemu-system-x86_64").empty();
+    line("QEMU", qemu, qemu ? "qemu-system-x86_64 found" : "qemu-system-x86_64 missing (apt-get install qemu-system-x86)");
+    auto accel = backends::vm::chooseAccel("auto", "qemu-system-x86_64");
+    line("accelerator", accel.ok(),
+         accel.ok() ? accel->accel + (accel->note.empty() ? "" : " (" + accel->note + ")") : accel.error().message());
+    auto kernel = backends::vm::findGuestKernelDir();
+    line("guest kernel", kernel.ok(), kernel.ok() ? *kernel : kernel.error().message());
+    auto agent = backends::vm::findGuestAgent();
+    line("dsec-guest-agent", agent.ok(), agent.ok() ? *agent : agent.error().message());
+    std::cout << (qemu && accel.ok() && kernel.ok() && agent.ok() ? "  microvm/vm sandboxes can run here\n"
+                                                                   : "  microvm/vm sandboxes cannot run here\n");
   }
 
   std::cout << "layer store (" << common.root << "):\n";

@@ -123,14 +123,16 @@ TEST(NodeJson, TheNodeHasExactlyTheFieldsOfTheApi) {
   node.node = "n1";
   node.fleet = "default";
   node.backends = {backends::BackendKind::kContainer, backends::BackendKind::kFncall};
-  node.unavailable_backends = {{backends::BackendKind::kMicrovm, "not yet"}, {backends::BackendKind::kVm, "not yet"}};
+  node.unavailable_backends = {{backends::BackendKind::kVm, "no QEMU"}};
+  node.backend_notes = {{backends::BackendKind::kMicrovm, "TCG, not KVM"}};
   node.capacity.max_sandboxes = 4;
   node.sandboxes = 1;
   json j = toJson(node);
-  EXPECT_EQ(keysOf(j), (std::set<std::string>{"node", "fleet", "backends", "unavailable_backends", "capacity",
-                                              "sandboxes", "density", "admission", "isolation", "qos"}));
+  EXPECT_EQ(keysOf(j), (std::set<std::string>{"node", "fleet", "backends", "unavailable_backends", "backend_notes",
+                                              "capacity", "sandboxes", "density", "admission", "isolation", "qos"}));
   EXPECT_EQ(j["backends"], json::array({"container", "fncall"}));
-  EXPECT_EQ(j["unavailable_backends"], (json{{"microvm", "not yet"}, {"vm", "not yet"}}));
+  EXPECT_EQ(j["unavailable_backends"], (json{{"vm", "no QEMU"}}));
+  EXPECT_EQ(j["backend_notes"], (json{{"microvm", "TCG, not KVM"}}));
   EXPECT_EQ(keysOf(j["capacity"]), (std::set<std::string>{"max_sandboxes", "free_sandboxes", "memory_bytes",
                                                           "memory_committed_bytes", "cpus"}));
   EXPECT_EQ(j["isolation"], (json{{"user_namespaces", true}, {"warning", nullptr}}));

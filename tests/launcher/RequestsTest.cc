@@ -115,10 +115,17 @@ TEST(CreateRequest, ZeroMeansNoLimit) {
   EXPECT_EQ(r->pids, 0);
 }
 
-TEST(CreateRequest, OtherBackendsAreUnsupportedNotInvalid) {
-  auto r = create(R"({"image": "a:1", "backend": "microvm"})");
-  ASSERT_ERROR(r, ErrorCode::kUnsupported);
-  EXPECT_NE(r.error().message().find("microvm is not available"), std::string::npos);
+TEST(CreateRequest, MachineBackendsParseAndFncallIsNotASandboxBackend) {
+  auto micro = create(R"({"image": "a:1", "backend": "microvm"})");
+  ASSERT_OK(micro);
+  EXPECT_EQ(micro->backend, backends::BackendKind::kMicrovm);
+  auto full = create(R"({"image": "a:1", "backend": "vm"})");
+  ASSERT_OK(full);
+  EXPECT_EQ(full->backend, backends::BackendKind::kVm);
+  auto r = create(R"({"image": "a:1", "backend": "fncall"})");
+  ASSERT_ERROR(r, ErrorCode::kInvalidArgument);
+  EXPECT_NE(r.error().message().find("POST /v1/call"), std::string::npos);
+  ASSERT_ERROR(create(R"({"image": "a:1", "backend": "lxc"})"), ErrorCode::kInvalidArgument);
 }
 
 TEST(ExecRequest, StringRunsUnderShell) {

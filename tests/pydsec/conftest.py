@@ -35,6 +35,10 @@ if importlib.util.find_spec("pydsec") is None:  # not installed and no PYTHONPAT
 import pydsec  # noqa: E402
 
 
+def pytest_configure(config: Any) -> None:
+    config.addinivalue_line("markers", "vm: boots microvm/vm guests (own ctest entry, one at a time)")
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Fake server
 # ---------------------------------------------------------------------------------------------------------

@@ -91,6 +91,10 @@ Status checkNode(const NodeOptions& n) {
   DSEC_TRY(checkRatios("memory", d.memory_ratio_min, d.memory_ratio_start, d.memory_ratio_max));
   DSEC_TRY(checkRatios("cpu", d.cpu_ratio_min, d.cpu_ratio_start, d.cpu_ratio_max));
   if (n.memory_capacity_bytes < 0) return flagError("memory-capacity", "must be >= 0");
+  if (n.vm.accel != "auto" && n.vm.accel != "kvm" && n.vm.accel != "tcg") {
+    return flagError("vm-accel", "must be auto, kvm or tcg");
+  }
+  if (n.vm.default_memory_bytes < (128ll << 20)) return flagError("vm-memory", "must be at least 128M");
   if (!positive(n.density_interval_seconds)) return flagError("density-interval", "must be > 0 seconds");
   return okStatus();
 }
@@ -177,6 +181,14 @@ void NodeOptionTable::addTo(po::options_description& desc) {
   add("user-namespaces", po::value<std::string>()->default_value(onOff(n.user_namespaces)),
       "on: every sandbox's root is an unprivileged host id range of its own; off: an explicit opt-out for kernels "
       "without user namespaces or idmapped mounts (sandbox root is then host root; logged, shown in /v1/node)");
+  add("vm", po::value<std::string>()->default_value(onOff(n.vm.enabled)),
+      "on: microvm and vm sandboxes where QEMU and the guest kernel are here; off: containers only");
+  add("vm-kernel-dir", po::value<std::string>(&n.vm.kernel_dir)->default_value(n.vm.kernel_dir),
+      "the guest kernel's directory (vmlinux, modules; default: the one tests/install-deps.sh fetched)");
+  add("vm-accel", po::value<std::string>(&n.vm.accel)->default_value(n.vm.accel),
+      "auto: KVM where it runs the guest kernel, else TCG (noted in /v1/node); kvm; tcg");
+  add("vm-memory", po::value<std::string>()->default_value(sizeText(n.vm.default_memory_bytes)),
+      "guest RAM of a microvm/vm create that gives no memory limit");
   add("egress-never", po::value<std::vector<std::string>>(&n.egress_never)->composing(),
       "an IPv4 block (A.B.C.D[/LEN]) no sandbox reaches whatever its egress policy, besides the node itself and "
       "link-local addresses (repeatable): the Slurm controller, other nodes; dsec-launch adds the fleet's gateways");
@@ -212,6 +224,8 @@ Status NodeOptionTable::apply(const po::variables_map& vm) {
   DSEC_ASSIGN_OR_RETURN(n.cpu_qos, onOffFlag(vm, "cpu-qos"));
   DSEC_ASSIGN_OR_RETURN(n.cpu_exclusive_pool, onOffFlag(vm, "cpu-exclusive-pool"));
   DSEC_ASSIGN_OR_RETURN(n.user_namespaces, onOffFlag(vm, "user-namespaces"));
+  DSEC_ASSIGN_OR_RETURN(n.vm.enabled, onOffFlag(vm, "vm"));
+  DSEC_ASSIGN_OR_RETURN(n.vm.default_memory_bytes, sizeFlag(vm, "vm-memory"));
   if (vm.count("memory-capacity") != 0) {
     DSEC_ASSIGN_OR_RETURN(n.memory_capacity_bytes, sizeFlag(vm, "memory-capacity"));
   }

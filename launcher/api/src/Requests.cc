@@ -171,8 +171,8 @@ Status parseCreateBackend(const json& body, CreateParams* p) {
   DSEC_ASSIGN_OR_RETURN(std::string name, parseStringField(body["backend"], "backend"));
   auto kind = backends::parseBackendKind(name);
   if (!kind.ok()) return fieldError("backend", kind.error().message());
-  if (*kind != backends::BackendKind::kContainer) {
-    return Error(ErrorCode::kUnsupported, "backend " + name + " is not available on this node yet");
+  if (*kind == backends::BackendKind::kFncall) {
+    return fieldError("backend", "fncall is not a sandbox backend (POST /v1/call runs code on it)");
   }
   p->backend = *kind;
   return okStatus();

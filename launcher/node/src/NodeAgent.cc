@@ -264,6 +264,23 @@ backends::SandboxSpec NodeAgent::sandboxSpec(const SandboxRecord& rec, const Cpu
   return spec;
 }
 
+Result<CreateParams> NodeAgent::withBackendDefaults(const CreateParams& requested) const {
+  if (requested.backend == backends::BackendKind::kContainer) return requested;
+  const std::string name = backends::backendKindName(requested.backend);
+  if (requested.backend == backends::BackendKind::kFncall) {
+    return Error::invalid("fncall is not a sandbox backend: POST /v1/call runs code on it");
+  }
+  if (backendFor(requested.backend) == nullptr) {
+    auto why = machine_unavailable_.find(requested.backend);
+    return Error(ErrorCode::kUnsupported, name + " is not available on node " + options_.node_name + ": " +
+                                              (why != machine_unavailable_.end() ? why->second : "no backend"));
+  }
+  CreateParams params = requested;
+  // A VM's RAM is all of it at once: it counts as committed even when the create named no limit.
+  if (params.memory_bytes == 0) params.memory_bytes = options_.vm.default_memory_bytes;
+  return params;
+}
+
 Status NodeAgent::reserveCreateSlot() {
   if (!backend_ || !unavailable_reason_.empty()) return Error(ErrorCode::kUnsupported, unavailable_reason_);
   int64_t held = 0;
@@ -301,7 +318,7 @@ Status NodeAgent::startSandbox(SandboxRecord& rec, const CpuReservation& cores) 
   if (!mount.ok()) return mount.error().wrap("mounting image " + params.image);
   rec.mount = std::move(*mount);
 
-  auto sandbox = backend_->create(sandboxSpec(rec, cores));
+  auto sandbox = backendFor(params.backend)->create(sandboxSpec(rec, cores));
   if (!sandbox.ok()) {
     Error e = explainLimitError(sandbox.error(), static_cast<int64_t>(sandboxCount()));
     DSEC_LOG(kWarn, kLog) << "create " << rec.id << " failed: " << e.toString();
@@ -323,12 +340,15 @@ Status NodeAgent::startSandbox(SandboxRecord& rec, const CpuReservation& cores) 
   return okStatus();
 }
 
-Result<SandboxInfo> NodeAgent::create(const CreateParams& params) {
+Result<SandboxInfo> NodeAgent::create(const CreateParams& requested) {
   double t0 = monotonicSeconds();
   auto fail = [this](const Error& e) -> Error {
     metrics_->create_failures_total++;
     return e;
   };
+  auto completed = withBackendDefaults(requested);
+  if (!completed.ok()) return fail(completed.error());
+  const CreateParams& params = *completed;
   if (auto st = reserveCreateSlot(); !st.ok()) return fail(st.error());
   struct SlotGuard {
     NodeAgent* agent;

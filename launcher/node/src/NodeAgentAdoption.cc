@@ -59,7 +59,7 @@ bool NodeAgent::adoptOne(StoredState& entry) {
     why = "owned by another job";
   } else if (auto m = images_->acquire(entry.record->params.layers); !m.ok()) {
     why = m.error().toString();
-  } else if (auto sb = backend_->adopt(entry.record->backend_state); !sb.ok()) {
+  } else if (auto sb = backendForState(entry.record->backend_state)->adopt(entry.record->backend_state); !sb.ok()) {
     why = sb.error().toString();
   } else {
     mount = std::move(*m);
@@ -68,7 +68,7 @@ bool NodeAgent::adoptOne(StoredState& entry) {
   if (!sandbox) {
     DSEC_LOG(kInfo, kLog) << "cannot adopt " << id << " (" << why << "), reaping it";
     if (!entry.backend_state.empty()) {
-      if (auto st = backend_->reap(entry.backend_state); !st.ok()) {
+      if (auto st = backendForState(entry.backend_state)->reap(entry.backend_state); !st.ok()) {
         DSEC_LOG(kWarn, kLog) << "reaping " << id << ": " << st.error().toString();
       }
     }
@@ -109,19 +109,25 @@ int NodeAgent::reapLeftovers() {
     std::lock_guard lock(mu_);
     for (const auto& [id, rec] : sandboxes_) known.insert(id);
   }
-  auto leftovers = backend_->listLeftovers();
-  if (!leftovers.ok()) {
-    DSEC_LOG(kWarn, kLog) << "listing leftovers: " << leftovers.error().toString();
-    return 0;
-  }
+  // Machine backends first: a VM's cgroup is also under the container backend's parent, its run dir only theirs.
+  std::vector<backends::Backend*> all;
+  for (const auto& [kind, backend] : machine_backends_) all.push_back(backend.get());
+  all.push_back(backend_.get());
   int reaped = 0;
-  for (const auto& id : *leftovers) {
-    if (known.count(id)) continue;
-    DSEC_LOG(kInfo, kLog) << "reaping leftover sandbox " << id;
-    if (auto st = backend_->reapLeftover(id); !st.ok()) {
-      DSEC_LOG(kWarn, kLog) << "reaping leftover " << id << ": " << st.error().toString();
+  for (backends::Backend* backend : all) {
+    auto leftovers = backend->listLeftovers();
+    if (!leftovers.ok()) {
+      DSEC_LOG(kWarn, kLog) << "listing leftovers: " << leftovers.error().toString();
+      continue;
     }
-    ++reaped;
+    for (const auto& id : *leftovers) {
+      if (known.count(id)) continue;
+      DSEC_LOG(kInfo, kLog) << "reaping leftover " << backend->name() << " sandbox " << id;
+      if (auto st = backend->reapLeftover(id); !st.ok()) {
+        DSEC_LOG(kWarn, kLog) << "reaping leftover " << id << ": " << st.error().toString();
+      }
+      ++reaped;
+    }
   }
   return reaped;
 }

@@ -2,10 +2,39 @@
 
 #include "dsec/backends/container/ContainerBackend.h"
 #include "dsec/backends/simulated/SimulatedBackend.h"
+#include "dsec/backends/vm/VmBackend.h"
 #include "dsec/common/Logging.h"
 #include "dsec/launcher/node/NodeAgent.h"
 
 namespace dsec::launcher {
+
+namespace {
+
+void addMachineBackends(const NodeOptions& options, NodeParts& parts) {
+  for (auto kind : {backends::BackendKind::kMicrovm, backends::BackendKind::kVm}) {
+    if (!options.vm.enabled) {
+      parts.machine_unavailable[kind] = "off on this node (--vm off)";
+      continue;
+    }
+    backends::vm::VmBackendOptions vm;
+    vm.kind = kind;
+    vm.cgroup_parent = parts.cgroup_parent;
+    vm.kernel_dir = options.vm.kernel_dir;
+    vm.accel = options.vm.accel;
+    vm.default_memory_bytes = options.vm.default_memory_bytes;
+    auto made = backends::vm::makeVmBackend(vm);
+    if (!made.ok()) {
+      parts.machine_unavailable[kind] = made.error().message();
+      DSEC_LOG(kInfo, "node") << backends::backendKindName(kind) << " unavailable: " << made.error().message();
+      continue;
+    }
+    auto accel = backends::vm::chooseAccel(vm.accel, vm.qemu);
+    if (accel.ok() && !accel->note.empty()) parts.machine_notes[kind] = accel->note;
+    parts.machine_backends[kind] = std::move(made).value();
+  }
+}
+
+}  // namespace
 
 NodeParts makeSimulatedNodeParts() {
   NodeParts parts;
@@ -38,6 +67,7 @@ NodeParts makeNodeParts(const NodeOptions& options) {
   } else {
     parts.backend_unavailable = "container backend unavailable: " + backend.error().message();
   }
+  addMachineBackends(options, parts);
   parts.images = std::make_unique<LayerImageSource>(options.root);
   parts.state = std::make_unique<FileStateStore>(options.root + "/state/sandboxes");
   return parts;

@@ -288,9 +288,16 @@ TEST_F(NodeCoreTest, NodeInfoCountsSandboxesAndSaysWhichBackendsAreOffered) {
   EXPECT_EQ(node.node, "t1");
   EXPECT_EQ(node.fleet, kDefaultFleetName);
   EXPECT_EQ(node.backends, std::vector<backends::BackendKind>{backends::BackendKind::kContainer});
-  // A simulated node runs no processes, so no fncall workers; microvm and vm are not there yet.
+  // A simulated node runs no processes, so no fncall workers, and has no machine backends.
   EXPECT_EQ(node.unavailable_backends.size(), 3u);
   EXPECT_EQ(node.unavailable_backends.count(backends::BackendKind::kFncall), 1u);
+  EXPECT_EQ(node.unavailable_backends.count(backends::BackendKind::kMicrovm), 1u);
+  // A create of a kind the node has not is refused, saying why, before anything is admitted.
+  CreateParams vm = params();
+  vm.backend = backends::BackendKind::kMicrovm;
+  auto refused = agent_->create(vm);
+  ASSERT_ERROR(refused, ErrorCode::kUnsupported);
+  EXPECT_NE(refused.error().message().find("microvm is not available"), std::string::npos);
   EXPECT_EQ(node.sandboxes, 1u);
   EXPECT_EQ(node.capacity.max_sandboxes, 3);
   EXPECT_EQ(node.capacity.free_sandboxes, 2);

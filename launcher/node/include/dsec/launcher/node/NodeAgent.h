@@ -44,6 +44,14 @@ namespace dsec::launcher {
 // The fleet name of `dsec serve` and `dsec-launch` when none is given (clients default to it too).
 inline constexpr const char* kDefaultFleetName = "default";
 
+// The machine backends (microvm, vm; docs/vm-backends.md).
+struct VmNodeOptions {
+  bool enabled = true;
+  std::string kernel_dir;                      // "" : the guest kernel install-deps fetched
+  std::string accel = "auto";                  // auto | kvm | tcg
+  int64_t default_memory_bytes = 512ll << 20;  // guest RAM of a create that gives no memory limit
+};
+
 struct NodeOptions {
   std::string root;
   std::string node_name = "n0";
@@ -55,6 +63,7 @@ struct NodeOptions {
   // are validated and admitted as on a real node, images are in memory and records are not kept (docs/fleet.md).
   bool simulate = false;
   FncallOptions fncall;  // the fncall backend (NodeFncall.h)
+  VmNodeOptions vm;
   // The density controller (docs/density.md): density.overcommit = false is static limits (ratio 1.0).
   placement::DensityConfig density;
   int64_t memory_capacity_bytes = 0;  // 0: physical memory; else what admission and the controller count
@@ -132,7 +141,7 @@ class NodeAgent : private DensityHost {
   // their state files stay for the next agent. Idempotent.
   void shutdown(bool destroy_sandboxes);
 
-  Result<SandboxInfo> create(const CreateParams& params);
+  Result<SandboxInfo> create(const CreateParams& requested);
   Result<SandboxInfo> info(const std::string& id);
   // The sandboxes whose labels include every one of `labels`.
   std::vector<SandboxInfo> list(const std::map<std::string, std::string>& labels);
@@ -206,6 +215,8 @@ class NodeAgent : private DensityHost {
   Status persist(SandboxRecord& record);
   // The steps of a create (NodeAgent.cc). A slot counts the create against max_sandboxes while it runs; it is
   // refused naming the limit when the agent's open files or the host's pids have no room for another sandbox.
+  // A create's params with what its backend needs filled in (a VM's memory), or why the backend is not here.
+  Result<CreateParams> withBackendDefaults(const CreateParams& requested) const;
   Status reserveCreateSlot();
   void releaseCreateSlot();
   Status checkCreatable(const CreateParams& params);  // its session may take a sandbox, its image is here

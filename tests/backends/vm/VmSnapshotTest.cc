@@ -1,0 +1,109 @@
+// Snapshots, restores and forks of microVMs: memory and processes are carried, the copies diverge, and a snapshot
+// that cannot be restored is refused clearly.
+#include <unistd.h>
+
+#include <chrono>
+#include <set>
+#include <thread>
+
+#include "VmTestSupport.h"
+#include "dsec/common/Strings.h"
+
+namespace dsec::testing {
+namespace {
+
+class VmSnapshotTest : public VmTest {};
+
+TEST_F(VmSnapshotTest, ForksCarryFilesAndRunningProcessesAndThenDiverge) {
+  auto& parent = create();
+  sh(parent, "echo 'set up before the snapshot' > /work/state");
+  // A process with a counter in memory: it keeps counting in every copy.
+  sh(parent,
+     "setsid sh -c 'i=0; while true; do i=$((i+1)); echo $i > /tmp/counter; sleep 0.1; done' "
+     "</dev/null >/dev/null 2>&1 &");
+  std::this_thread::sleep_for(std::chrono::milliseconds(800));
+  int before = std::atoi(trim(sh(parent, "cat /tmp/counter").stdout_data).c_str());
+  ASSERT_GT(before, 0);
+
+  TempDir snap;
+  auto kind = parent.snapshot(snap.path());
+  ASSERT_OK(kind);
+  EXPECT_EQ(*kind, backends::SnapshotKind::kMachine);
+  EXPECT_EQ(parent.state(), backends::SandboxState::kRunning);
+  EXPECT_EQ(sh(parent, "echo still running").stdout_data, "still running\n");
+
+  std::vector<backends::Sandbox*> forks;
+  for (int i = 0; i < 2; ++i) {
+    auto spec = makeSpec();
+    auto copy = backend_->restore(spec, snap.path());
+    ASSERT_OK(copy);
+    forks.push_back(&adopt(std::move(copy).value()));
+  }
+  std::set<std::string> randoms;
+  for (size_t i = 0; i < forks.size(); ++i) {
+    auto& f = *forks[i];
+    EXPECT_EQ(sh(f, "cat /work/state").stdout_data, "set up before the snapshot\n");
+    EXPECT_EQ(sh(f, "hostname").stdout_data, f.spec().id + "\n");
+    int c1 = std::atoi(trim(sh(f, "cat /tmp/counter").stdout_data).c_str());
+    EXPECT_GE(c1, before);
+    std::this_thread::sleep_for(std::chrono::milliseconds(700));
+    int c2 = std::atoi(trim(sh(f, "cat /tmp/counter").stdout_data).c_str());
+    EXPECT_GT(c2, c1) << "the counter process did not survive the restore";
+    sh(f, "echo mine > /work/fork-" + std::to_string(i));
+    randoms.insert(sh(f, "head -c 16 /dev/urandom | md5sum").stdout_data);
+  }
+  EXPECT_EQ(randoms.size(), forks.size()) << "forks share their random state";
+  // Divergence: no copy sees another's writes, and the parent sees none.
+  EXPECT_EQ(sh(*forks[0], "ls /work").stdout_data, "fork-0\nstate\n");
+  EXPECT_EQ(sh(*forks[1], "ls /work").stdout_data, "fork-1\nstate\n");
+  EXPECT_EQ(sh(parent, "ls /work").stdout_data, "state\n");
+
+  // A copy can itself be snapshotted and restored (its RAM then travels in the state stream).
+  TempDir second;
+  ASSERT_OK(forks[0]->snapshot(second.path()));
+  auto grandchild = backend_->restore(makeSpec(), second.path());
+  ASSERT_OK(grandchild);
+  auto& g = adopt(std::move(grandchild).value());
+  EXPECT_EQ(sh(g, "ls /work").stdout_data, "fork-0\nstate\n");
+
+  // Destroying the copies leaves the snapshot usable and nothing of theirs behind.
+  std::string id = forks[1]->spec().id;
+  ASSERT_OK(forks[1]->destroy());
+  EXPECT_TRUE(leftoversOf(id).empty());
+}
+
+TEST_F(VmSnapshotTest, BadSnapshotsAreRefusedClearly) {
+  TempDir empty;
+  auto none = backend_->restore(makeSpec(), empty.path());
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.error().message().find("vm.json"), std::string::npos) << none.error().toString();
+
+  TempDir corrupt;
+  ASSERT_OK(writeFile(corrupt.path() + "/vm.json", "{\"kind\": \"microvm\", \"memory_bytes\": -5}"));
+  EXPECT_FALSE(backend_->restore(makeSpec(), corrupt.path()).ok());
+
+  TempDir other;
+  ASSERT_OK(writeFile(other.path() + "/vm.json",
+                      R"({"kind": "vm", "memory_bytes": 268435456, "cpus": 1, "layers": 1, "ram_file": true})"));
+  auto wrong_kind = backend_->restore(makeSpec(), other.path());
+  ASSERT_FALSE(wrong_kind.ok());
+  EXPECT_NE(wrong_kind.error().message().find("restored as microvm"), std::string::npos);
+
+  TempDir layers;
+  ASSERT_OK(writeFile(layers.path() + "/vm.json",
+                      R"({"kind": "microvm", "memory_bytes": 268435456, "cpus": 1, "layers": 3, "ram_file": true})"));
+  EXPECT_FALSE(backend_->restore(makeSpec(), layers.path()).ok());
+
+  // A state file that is garbage fails the restore and leaves nothing.
+  TempDir garbage;
+  ASSERT_OK(writeFile(garbage.path() + "/vm.json",
+                      R"({"kind": "microvm", "memory_bytes": 268435456, "cpus": 1, "layers": 1, "ram_file": false})"));
+  ASSERT_OK(writeFile(garbage.path() + "/state", std::string(4096, 'x')));
+  auto spec = makeSpec();
+  auto bad = backend_->restore(spec, garbage.path());
+  ASSERT_FALSE(bad.ok());
+  EXPECT_TRUE(leftoversOf(spec.id).empty());
+}
+
+}  // namespace
+}  // namespace dsec::testing
