@@ -1,7 +1,9 @@
 #include "dsec/fs3/LayerStore.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <sys/mount.h>
+#include <sys/sendfile.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -14,6 +16,7 @@
 #include "StagingDir.h"
 #include "dsec/common/Directory.h"
 #include "dsec/common/Fault.h"
+#include "dsec/common/Fd.h"
 #include "dsec/common/Logging.h"
 #include "dsec/common/Process.h"
 #include "dsec/common/Strings.h"
@@ -174,13 +177,39 @@ Result<LayerManifest> LayerStore::buildDebootstrap(const LayerRef& ref, const st
   return publish(ref, staging, rootfs, "", "debootstrap:" + suite);
 }
 
+Result<LayerManifest> LayerStore::importImage(const LayerRef& ref, const std::string& image,
+                                              const std::string& built_on, const std::string& source) {
+  DSEC_TRY(validateLayerRef(ref));
+  if (pathExists(layerDir(ref))) return alreadyExists(ref);
+  UniqueFd in(::open(image.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+  if (!in) return Error::sys(errno, "open " + image);
+  struct stat st {};
+  if (::fstat(in.get(), &st) != 0) return Error::sys(errno, "stat " + image);
+  if (!S_ISREG(st.st_mode)) return Error::invalid(image + " is not a regular file");
+  DSEC_TRY(makeDirs(layersDir(), 0755));
+  DSEC_ASSIGN_OR_RETURN(StagingDir staging, StagingDir::create(layersDir()));
+  // A copy, not a link: the source may be on other storage (a fleet's shared snapshot dir) and goes on its own.
+  std::string copy = staging.path() + "/" + kImageFile;
+  UniqueFd out(::open(copy.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
+  if (!out) return Error::sys(errno, "create " + copy);
+  for (off_t left = st.st_size; left > 0;) {
+    ssize_t n = ::sendfile(out.get(), in.get(), nullptr, static_cast<size_t>(std::min<off_t>(left, 1 << 30)));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return Error::sys(errno, "copy " + image + " into the layer store");
+    if (n == 0) return Error(ErrorCode::kSystem, image + " shrank while it was imported");
+    left -= n;
+  }
+  out.reset();
+  return publish(ref, staging, "", built_on, source);
+}
+
 Result<LayerManifest> LayerStore::publish(const LayerRef& ref, StagingDir& staging, const std::string& tree,
                                           const std::string& built_on, const std::string& source) {
   std::string context = "building layer " + ref.toString();
   std::string image = staging.path() + "/" + kImageFile;
   double start = monotonicSeconds();
   reportStep("packing the EROFS image");
-  Status made = makeErofsImage(tree, image);
+  Status made = tree.empty() ? okStatus() : makeErofsImage(tree, image);
   if (!made.ok()) return made.error().wrap(context);
   if (::chmod(image.c_str(), 0444) != 0) return Error::sys(errno, "chmod " + image).wrap(context);
   double mkfs_done = monotonicSeconds();
@@ -197,7 +226,7 @@ Result<LayerManifest> LayerStore::publish(const LayerRef& ref, StagingDir& stagi
   DSEC_TRY(writeFileAtomic(staging.path() + "/" + kManifestFile, manifestToJson(m), 0644));
   double hash_done = monotonicSeconds();
   // A tree staged next to the image (debootstrap's) must be gone before the directory becomes the layer.
-  if (startsWith(tree, staging.path() + "/")) {
+  if (!tree.empty() && startsWith(tree, staging.path() + "/")) {
     detachMountsUnder(tree);
     Status st = removeTree(tree);
     if (!st.ok()) return st.error().wrap(context);

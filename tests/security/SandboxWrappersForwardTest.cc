@@ -149,9 +149,9 @@ class RecordingSandbox : public Sandbox {
     u.oom_kills = 5;
     return u;
   }
-  Result<SnapshotKind> snapshot(const std::string& dir) override {
+  Result<backends::SnapshotKind> snapshot(const std::string& dir) override {
     note("snapshot " + dir);
-    return SnapshotKind::kMachine;
+    return backends::SnapshotKind::kMachine;
   }
   nlohmann::json persistentState() const override {
     note("persistentState");
@@ -333,7 +333,7 @@ std::vector<Operation> operations() {
       {"snapshot",
        [](Sandbox& s) {
          auto k = s.snapshot("/x/snap");
-         EXPECT_TRUE(k.ok() && *k == SnapshotKind::kMachine);
+         EXPECT_TRUE(k.ok() && *k == backends::SnapshotKind::kMachine);
          return "snapshot /x/snap";
        }},
       {"persistentState",

@@ -133,6 +133,15 @@ const char* mountRoot() {
   // nosuid: a setuid file in a layer or the upper never raises privilege; nodev: the layers may carry device
   // nodes; the sandbox gets its own minimal /dev.
   check("mount_overlay", mount("overlay", root, "overlay", MS_NODEV | MS_NOSUID, g_opts), "mount overlay");
+  // Kept open (every layer's fd is closed by now, so kUpperFd is free) for the agent's snapshots (it takes a copy with
+  // pidfd_getfd): after pivot_root the upper is reachable by no path, and init is undumpable, so nothing inside the
+  // sandbox can reach this fd.
+  int upper_fd = open(upper, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  check("mount_overlay", upper_fd, "open upper");
+  if (upper_fd != proto::kUpperFd) {
+    check("mount_overlay", dup3(upper_fd, proto::kUpperFd, O_CLOEXEC), "keep upper fd");
+    close(upper_fd);
+  }
   return root;
 }
 

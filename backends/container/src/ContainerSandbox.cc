@@ -370,10 +370,6 @@ void ContainerSandbox::reapSpawned(double timeout_seconds) {
   }
 }
 
-Result<SnapshotKind> ContainerSandbox::snapshot(const std::string& /*dir*/) {
-  return Error(ErrorCode::kUnsupported, "container snapshots are not available yet");
-}
-
 Result<SandboxUsage> ContainerSandbox::usage() {
   DSEC_ASSIGN_OR_RETURN(Use use, acquire(false));
   DSEC_ASSIGN_OR_RETURN(CgroupStats st, cgroup_->stats());

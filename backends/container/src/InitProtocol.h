@@ -8,6 +8,7 @@
 //   fd 4  a pipe (init -> agent): status lines
 //   fd 5  (userns only) the lease file of the sandbox's host id range, through a file description that holds a
 //         read lock on the range's byte (UserNamespace.h): held open for the sandbox's life
+// Once its root is built, PID 1 also holds fd 6: its writable upper directory (O_PATH), unless read_only_root.
 //
 // Stage 1 (the exec'd process, still in the host pid namespace):
 //   userns: take the host uid and gid HOSTID (the root of the sandbox's range: the namespace and everything charged
@@ -35,6 +36,9 @@ constexpr int kConfigFd = 3;
 constexpr int kStatusFd = 4;
 // Where init keeps the lease: an agent that adopts the sandbox takes a copy of it from there (pidfd_getfd).
 constexpr int kLeaseFd = 5;
+// Where init keeps its writable upper directory (O_PATH) when it has one: the agent's snapshots copy the upper
+// from it (pidfd_getfd; after pivot_root no path reaches the upper from outside the sandbox).
+constexpr int kUpperFd = 6;
 constexpr int kMaxConfigBytes = 256 * 1024;
 constexpr int kMaxLowers = 128;
 constexpr int kMaxBpfInstructions = 4096;

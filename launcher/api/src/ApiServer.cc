@@ -64,6 +64,10 @@ void ApiServer::handle(HttpExchange& ex) {
 void ApiServer::dispatch(HttpExchange& ex, const RouteMatch& m) {
   if (bodyKind(m.op) == BodyKind::kNone) ex.discardBody(kDiscardLimit);
   if (!m.session.empty() || m.op == Op::kListSessions) return dispatchSession(ex, m);
+  if (m.op == Op::kListSnapshots || m.op == Op::kGetSnapshot || m.op == Op::kDeleteSnapshot ||
+      m.op == Op::kSnapshotSandbox || m.op == Op::kForkSandbox) {
+    return dispatchSnapshot(ex, m);  // SnapshotRoutes.cc
+  }
   if (!m.sandbox_id.empty()) return dispatchSandbox(ex, m);
   dispatchNode(ex, m);
 }
@@ -230,6 +234,7 @@ void ApiServer::sandboxPolicy(HttpExchange& ex, const RouteMatch& m) {
 void ApiServer::createSandbox(HttpExchange& ex) {
   auto body = readJsonBody(ex, kJsonBodyLimit);
   if (!body) return;
+  if (body->is_object() && body->contains("snapshot")) return restoreSandbox(ex, *body);  // SnapshotRoutes.cc
   auto params = parseCreateRequest(*body, agent_->nodeMemoryBytes());
   if (!params.ok()) {
     agent_->metrics().create_failures_total++;

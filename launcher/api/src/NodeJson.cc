@@ -30,7 +30,8 @@ json paramsJson(const CreateParams& p) {
               {"env", p.env},
               {"labels", p.labels},
               {"session", stringOrNull(p.session)},
-              {"qos", backends::cpuQosName(p.qos)}};
+              {"qos", backends::cpuQosName(p.qos)},
+              {"snapshot", stringOrNull(p.snapshot)}};
 }
 
 json eventJson(const SandboxEvent& e) {
@@ -286,6 +287,24 @@ json layerListJson(const std::vector<LayerStatus>& layers) {
     out.push_back(std::move(j));
   }
   return json{{"layers", std::move(out)}};
+}
+
+json toJson(const SnapshotMeta& meta) {
+  return json{{"name", meta.name},
+              {"kind", backends::snapshotKindName(meta.kind)},
+              {"backend", backends::backendKindName(meta.backend)},
+              {"image", meta.image},
+              {"source", meta.source},
+              {"node", meta.node},
+              {"created", rfc3339(meta.created_unix)},
+              {"created_unix", meta.created_unix},
+              {"bytes", meta.bytes}};
+}
+
+json snapshotListJson(const std::vector<SnapshotMeta>& snapshots) {
+  json list = json::array();
+  for (const auto& s : snapshots) list.push_back(toJson(s));
+  return json{{"snapshots", std::move(list)}};
 }
 
 }  // namespace dsec::launcher

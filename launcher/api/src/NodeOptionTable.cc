@@ -81,6 +81,7 @@ Status checkNode(const NodeOptions& n) {
   }
   if (n.max_sandboxes <= 0) return flagError("max-sandboxes", "must be > 0");
   if (!positive(n.reaper_interval_seconds)) return flagError("reaper-interval", "must be > 0 seconds");
+  if (!(n.snapshot_retention_seconds >= 0)) return flagError("snapshot-retention", "must be >= 0 seconds");
   if (n.cgroup_parent.find("..") != std::string::npos || (!n.cgroup_parent.empty() && n.cgroup_parent[0] == '/')) {
     return flagError("cgroup-parent", "must be a relative cgroup path without '..'");
   }
@@ -147,6 +148,11 @@ void NodeOptionTable::addTo(po::options_description& desc) {
       "admission limit of this node; more get 429 capacity");
   add("reaper-interval", po::value<double>(&n.reaper_interval_seconds)->default_value(n.reaper_interval_seconds),
       "seconds between the reaper's timeout and lease checks");
+  add("snapshot-dir", po::value<std::string>(&n.snapshot_dir)->default_value(n.snapshot_dir),
+      "where snapshots are kept (default: <root>/snapshots; dsec-launch: the fleet's shared <fleet root>/snapshots)");
+  add("snapshot-retention",
+      po::value<double>(&n.snapshot_retention_seconds)->default_value(n.snapshot_retention_seconds),
+      "seconds after which the reaper deletes a snapshot (0: kept until deleted)");
   add("cgroup-parent", po::value<std::string>(&n.cgroup_parent)->default_value(n.cgroup_parent),
       "parent cgroup of the sandboxes (default: dsec, or dsec-<hash of root> for another root)");
   add("simulate", po::bool_switch(&n.simulate)->default_value(n.simulate),

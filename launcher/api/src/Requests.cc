@@ -433,4 +433,57 @@ bool constantTimeEquals(std::string_view a, std::string_view b) {
   return diff == 0;
 }
 
+Result<RestoreRequest> parseRestoreRequest(const json& body) {
+  if (!body.is_object()) return Error::invalid("body must be a JSON object");
+  std::string others;
+  for (const auto& [key, value] : body.items()) {
+    static const std::set<std::string> kRestoreKeys = {"snapshot", "timeout", "idle_timeout", "labels", "session"};
+    if (!kRestoreKeys.count(key)) others += (others.empty() ? "'" : ", '") + key + "'";
+  }
+  if (!others.empty()) {
+    return Error::invalid("a restore from a snapshot takes its image, backend and limits from the snapshot; drop " +
+                          others + " (it takes snapshot, timeout, idle_timeout, labels and session)");
+  }
+  RestoreRequest r;
+  DSEC_ASSIGN_OR_RETURN(r.snapshot, parseStringField(body["snapshot"], "snapshot"));
+  if (body.contains("timeout")) {
+    DSEC_ASSIGN_OR_RETURN(r.options.timeout, parseDurationField(body["timeout"], "timeout"));
+  }
+  if (body.contains("idle_timeout")) {
+    DSEC_ASSIGN_OR_RETURN(r.options.idle_timeout, parseDurationField(body["idle_timeout"], "idle_timeout"));
+  }
+  if (body.contains("labels")) {
+    DSEC_ASSIGN_OR_RETURN(r.options.labels, parseLabelsField(body["labels"]));
+  }
+  if (body.contains("session") && !body["session"].is_null()) {
+    DSEC_ASSIGN_OR_RETURN(std::string session, parseStringField(body["session"], "session"));
+    if (auto st = validateSessionName(session); !st.ok()) return fieldError("session", st.error().message());
+    r.options.session = std::move(session);
+  }
+  return r;
+}
+
+Result<SnapshotRequest> parseSnapshotRequest(const json& body, bool fork) {
+  if (!body.is_object()) return Error::invalid("body must be a JSON object");
+  DSEC_TRY(checkKnownKeys(
+      body, fork ? std::set<std::string>{"count", "processes"} : std::set<std::string>{"name", "processes"}));
+  SnapshotRequest r;
+  if (body.contains("name") && !body["name"].is_null()) {
+    DSEC_ASSIGN_OR_RETURN(r.name, parseStringField(body["name"], "name"));
+  }
+  if (body.contains("processes")) {
+    if (!body["processes"].is_boolean()) {
+      return fieldError("processes", "expected true or false, got " + jsonTypeName(body["processes"]));
+    }
+    r.processes = body["processes"].get<bool>();
+  }
+  if (fork) {
+    if (!body.contains("count")) return fieldError("count", "required (1..256)");
+    DSEC_ASSIGN_OR_RETURN(int64_t count, integerField(body["count"], "count"));
+    if (count < 1 || count > 256) return fieldError("count", "must be 1..256, got " + std::to_string(count));
+    r.count = static_cast<int>(count);
+  }
+  return r;
+}
+
 }  // namespace dsec::launcher

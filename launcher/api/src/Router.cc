@@ -180,7 +180,11 @@ const RouteTable& nodeRoutes() {
         .add("/v1/sessions", {{V::get, op(Op::kListSessions)}})
         .add("/v1/sessions/*",
              {{V::get, op(Op::kGetSession)}, {V::put, op(Op::kPutSession)}, {V::delete_, op(Op::kDeleteSession)}})
-        .add("/v1/sessions/*/attach", {{V::post, op(Op::kAttachSession)}});
+        .add("/v1/sessions/*/attach", {{V::post, op(Op::kAttachSession)}})
+        .add("/v1/sandboxes/*/snapshot", {{V::post, op(Op::kSnapshotSandbox)}})
+        .add("/v1/sandboxes/*/fork", {{V::post, op(Op::kForkSandbox)}})
+        .add("/v1/snapshots", {{V::get, op(Op::kListSnapshots)}})
+        .add("/v1/snapshots/*", {{V::get, op(Op::kGetSnapshot)}, {V::delete_, op(Op::kDeleteSnapshot)}});
     return t;
   }();
   return table;
@@ -196,7 +200,10 @@ RouteMatch matchRoute(http::verb method, std::string_view target) {
   // The id or name a route names is checked before its method: a bad one is the answer either way.
   bool session_route =
       m.op == Op::kGetSession || m.op == Op::kPutSession || m.op == Op::kDeleteSession || m.op == Op::kAttachSession;
-  if (t.route >= 0 && !t.wildcards.empty() && !session_route) {
+  bool snapshot_route = m.op == Op::kGetSnapshot || m.op == Op::kDeleteSnapshot;
+  if (t.route >= 0 && snapshot_route) {
+    if (!percentDecode(t.wildcards[0], &m.snapshot)) m.snapshot = t.wildcards[0];
+  } else if (t.route >= 0 && !t.wildcards.empty() && !session_route) {
     std::string id;
     if (!percentDecode(t.wildcards[0], &id) || !validSandboxId(id)) {
       m.error_status = 404;
@@ -232,6 +239,8 @@ BodyKind bodyKind(Op op) {
     case Op::kAttachSession:
     case Op::kCall:
     case Op::kRunCode:
+    case Op::kSnapshotSandbox:
+    case Op::kForkSandbox:
       return BodyKind::kJson;
     case Op::kWriteFile:
     case Op::kPutTar:
@@ -288,6 +297,16 @@ const char* opName(Op op) {
       return "list-dir";
     case Op::kStatFile:
       return "stat";
+    case Op::kSnapshotSandbox:
+      return "snapshot";
+    case Op::kForkSandbox:
+      return "fork";
+    case Op::kListSnapshots:
+      return "list-snapshots";
+    case Op::kGetSnapshot:
+      return "get-snapshot";
+    case Op::kDeleteSnapshot:
+      return "delete-snapshot";
     case Op::kGetTar:
       return "get-tar";
     case Op::kPutTar:

@@ -139,6 +139,9 @@ Result<RunningNode> startLaunchNode(const LaunchOptions& options, const std::str
   r.name = safeNodeName(options.node_name);
   r.capacity = nodeCapacity();
   ServeOptions serve = options.serve;  // every node flag, as given
+  // Snapshots are the fleet's, in <fleet root>/snapshots (unless --snapshot-dir says otherwise): a snapshot taken on
+  // one node is restored on any other that shares the root.
+  if (serve.node.snapshot_dir.empty()) serve.node.snapshot_dir = options.serve.node.root + "/snapshots";
   DSEC_ASSIGN_OR_RETURN(serve.node.root, prepareStateDir(options, r.name, token));
   serve.node.node_name = r.name;
   serve.http.listen = Endpoint{advertisedAddress(options, peer), options.node_port}.hostPort();

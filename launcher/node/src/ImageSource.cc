@@ -21,7 +21,40 @@ int64_t LayerImageSource::mountedLayers() {
   return mounts;
 }
 
+Status LayerImageSource::importLayer(const fs3::LayerRef& ref, const std::string& image, const std::string& built_on,
+                                     const std::string& source) {
+  auto made = store_.importImage(ref, image, built_on, source);
+  if (!made.ok()) return made.error();
+  return okStatus();
+}
+
+Status LayerImageSource::removeLayer(const fs3::LayerRef& ref) {
+  if (mounter_.refCount(ref) > 0) {
+    return Error(ErrorCode::kConflict, "layer " + ref.toString() + " is in use by sandboxes of this node");
+  }
+  return store_.remove(ref);
+}
+
+Status InMemoryImageSource::importLayer(const fs3::LayerRef& ref, const std::string& /*image*/,
+                                        const std::string& /*built_on*/, const std::string& /*source*/) {
+  std::lock_guard lock(mu_);
+  if (known_.empty()) return okStatus();  // every image exists
+  if (!known_.insert(ref.toString()).second) {
+    return Error(ErrorCode::kAlreadyExists, "layer " + ref.toString() + " exists");
+  }
+  return okStatus();
+}
+
+Status InMemoryImageSource::removeLayer(const fs3::LayerRef& ref) {
+  std::lock_guard lock(mu_);
+  if (!known_.empty() && known_.erase(ref.toString()) == 0) {
+    return Error::notFound("layer " + ref.toString() + " not found");
+  }
+  return okStatus();
+}
+
 Status InMemoryImageSource::check(const std::vector<fs3::LayerRef>& layers) {
+  std::lock_guard lock(mu_);
   if (known_.empty()) return okStatus();
   for (const auto& ref : layers) {
     if (!known_.count(ref.toString())) return Error::notFound("layer " + ref.toString() + " not found");

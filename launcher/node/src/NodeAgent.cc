@@ -114,6 +114,7 @@ Result<std::unique_ptr<NodeAgent>> NodeAgent::start(const NodeOptions& options, 
   agent->node_memory_bytes_ = options.memory_capacity_bytes > 0 ? options.memory_capacity_bytes : physicalMemory();
   if (auto st = agent->state_->prepare(); !st.ok()) return st.error();
   DSEC_TRY(agent->claimDirectory());
+  DSEC_TRY(agent->startSnapshots());
   agent->checkBackend();
   agent->sessions_ = std::make_unique<SessionTable>(options.root + "/state/sessions");
   agent->cpu_ = std::make_unique<CpuAllocator>(CpuAllocatorOptions{
@@ -318,7 +319,7 @@ Status NodeAgent::startSandbox(SandboxRecord& rec, const CpuReservation& cores) 
   if (!mount.ok()) return mount.error().wrap("mounting image " + params.image);
   rec.mount = std::move(*mount);
 
-  auto sandbox = backendFor(params.backend)->create(sandboxSpec(rec, cores));
+  auto sandbox = makeSandbox(rec, sandboxSpec(rec, cores));  // a machine snapshot's restore, else create
   if (!sandbox.ok()) {
     Error e = explainLimitError(sandbox.error(), static_cast<int64_t>(sandboxCount()));
     DSEC_LOG(kWarn, kLog) << "create " << rec.id << " failed: " << e.toString();
@@ -525,6 +526,7 @@ void NodeAgent::reaperLoop() {
     lock.unlock();
     reapSessions();
     reapExpired();
+    reapSnapshots();
     lock.lock();
   }
 }

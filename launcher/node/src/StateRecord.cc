@@ -1,28 +1,29 @@
 #include "dsec/launcher/node/StateRecord.h"
 
 namespace dsec::launcher {
-namespace {
 
 using nlohmann::json;
 
 // The record's own names for the create parameters. The API's sandbox info spells them alike today
 // (NodeAgent.cc), on purpose in separate code: an API rename must not change what a restarted node reads.
 json paramsRecordJson(const CreateParams& p) {
-  return json{{"image", p.image},
-              {"backend", backends::backendKindName(p.backend)},
-              {"cpus", p.cpus},
-              {"memory", p.memory_bytes},
-              {"disk", p.disk_bytes},
-              {"pids", p.pids},
-              {"timeout", p.timeout},
-              {"idle_timeout", p.idle_timeout},
-              {"network", backends::networkModeName(p.network)},
-              {"egress", p.egress.texts()},
-              {"protect", p.protected_paths},
-              {"env", p.env},
-              {"labels", p.labels},
-              {"session", p.session.empty() ? json(nullptr) : json(p.session)},
-              {"qos", backends::cpuQosName(p.qos)}};
+  json j{{"image", p.image},
+         {"backend", backends::backendKindName(p.backend)},
+         {"cpus", p.cpus},
+         {"memory", p.memory_bytes},
+         {"disk", p.disk_bytes},
+         {"pids", p.pids},
+         {"timeout", p.timeout},
+         {"idle_timeout", p.idle_timeout},
+         {"network", backends::networkModeName(p.network)},
+         {"egress", p.egress.texts()},
+         {"protect", p.protected_paths},
+         {"env", p.env},
+         {"labels", p.labels},
+         {"session", p.session.empty() ? json(nullptr) : json(p.session)},
+         {"qos", backends::cpuQosName(p.qos)}};
+  if (!p.snapshot.empty()) j["snapshot"] = p.snapshot;
+  return j;
 }
 
 // Version 0 wrote the same names at the top level (and "session" as null when there was none).
@@ -48,8 +49,11 @@ Result<CreateParams> paramsFromJson(const json& j) {
   p.labels = j.value("labels", std::map<std::string, std::string>{});
   if (j.contains("session") && j["session"].is_string()) p.session = j["session"].get<std::string>();
   p.qos = j.value("qos", "batch") == "latency" ? backends::CpuQos::kLatency : backends::CpuQos::kBatch;
+  if (j.contains("snapshot") && j["snapshot"].is_string()) p.snapshot = j["snapshot"].get<std::string>();
   return p;
 }
+
+namespace {
 
 std::string stringOrEmpty(const json& j, const char* key) {
   return j.contains(key) && j[key].is_string() ? j[key].get<std::string>() : std::string();

@@ -113,6 +113,8 @@ std::unique_ptr<backends::Backend> ContainerTest::newBackend() {
   options.init_pool_size = init_pool_size_;
   options.egress_never = egress_never_;
   options.dns_upstream = dns_upstream_;
+  options.snapshot_max_bytes = snapshot_max_bytes_;
+  options.snapshot_max_entries = snapshot_max_entries_;
   auto b = backends::makeContainerBackend(options);
   EXPECT_TRUE(b.ok()) << b.error().toString();
   if (!b.ok()) return nullptr;

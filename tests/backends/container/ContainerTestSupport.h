@@ -43,6 +43,8 @@ class ContainerTest : public ::testing::Test {
   int init_pool_size_ = backends::ContainerBackendOptions{}.init_pool_size;
   std::vector<std::string> egress_never_;  // ContainerBackendOptions::egress_never
   std::string dns_upstream_;               // ContainerBackendOptions::dns_upstream
+  int64_t snapshot_max_bytes_ = backends::ContainerBackendOptions{}.snapshot_max_bytes;
+  int64_t snapshot_max_entries_ = backends::ContainerBackendOptions{}.snapshot_max_entries;
 };
 
 // Leftovers of a sandbox id on the host: cgroup directories under every hierarchy.

@@ -61,6 +61,10 @@ class LayerStore {
   // not a directory.
   Result<LayerManifest> buildFromDir(const LayerRef& ref, const std::string& dir, const std::string& built_on,
                                      const std::string& source);
+  // NAME:VERSION from an EROFS image made elsewhere (a container snapshot's upper.erofs): copied into the store and
+  // published like a build (atomically; kAlreadyExists if the layer exists). image is only read.
+  Result<LayerManifest> importImage(const LayerRef& ref, const std::string& image, const std::string& built_on,
+                                    const std::string& source);
   // The tree a build will capture, and an empty private scratch directory next to it (removed afterwards).
   using PrepareTree = std::function<Status(const std::string& tree, const std::string& scratch_dir)>;
   // As buildFromDir, but from a copy of dir (cp -a: ownership, modes, times, xattrs, hard links, special files)
@@ -84,6 +88,7 @@ class LayerStore {
 
  private:
   std::string layersDir() const { return root_ + "/layers"; }
+  // Packs tree into the staging dir's image (tree "": the image is there already) and publishes it.
   Result<LayerManifest> publish(const LayerRef& ref, StagingDir& staging, const std::string& tree,
                                 const std::string& built_on, const std::string& source);
 

@@ -55,6 +55,10 @@ struct ContainerBackendOptions {
   // Where the node's resolver for sandboxes (NodeResolver.h) sends the names their policies allow: "ADDR" or
   // "ADDR:PORT" (IPv4); "" = the first IPv4 nameserver of the node's /etc/resolv.conf.
   std::string dns_upstream;
+  // Snapshots (Sandbox::snapshot): the most a sandbox's upper may hold to be captured, in bytes (files' sizes and
+  // symlink targets) and entries; a larger one is refused, not cut.
+  int64_t snapshot_max_bytes = 8LL << 30;
+  int64_t snapshot_max_entries = 1000000;
 };
 
 // The cgroup weight of batch sandboxes (v2 cpu.weight scale; v1 shares 102): low, so they yield to everything.

@@ -42,6 +42,9 @@ class ApiServer : public RequestHandler {
   void dispatchNode(HttpExchange& ex, const RouteMatch& m);
   void dispatchSandbox(HttpExchange& ex, const RouteMatch& m);
   void dispatchSession(HttpExchange& ex, const RouteMatch& m);
+  // Snapshots, restores and forks (SnapshotRoutes.cc).
+  void dispatchSnapshot(HttpExchange& ex, const RouteMatch& m);
+  void restoreSandbox(HttpExchange& ex, const nlohmann::json& body);
   // DELETE files, GET files/list, GET files/stat.
   void fileOp(HttpExchange& ex, const RouteMatch& m);
 

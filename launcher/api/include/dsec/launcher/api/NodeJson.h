@@ -9,6 +9,7 @@
 #include "dsec/common/Result.h"
 #include "dsec/launcher/node/Infos.h"
 #include "dsec/launcher/node/NodeFncall.h"
+#include "dsec/launcher/node/Snapshots.h"
 
 namespace dsec::launcher {
 
@@ -33,6 +34,9 @@ nlohmann::json toJson(const AttachedSession& attached);
 nlohmann::json toJson(const DeletedSession& deleted);
 
 // {"layers": [...]}: each manifest with "mounted" and "refs".
+// {"name","kind","backend","image","source","node","created","created_unix","bytes"}
+nlohmann::json toJson(const SnapshotMeta& meta);
+nlohmann::json snapshotListJson(const std::vector<SnapshotMeta>& snapshots);  // {"snapshots": [...]}
 nlohmann::json layerListJson(const std::vector<LayerStatus>& layers);
 
 }  // namespace dsec::launcher

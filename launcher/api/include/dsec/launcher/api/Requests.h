@@ -14,6 +14,7 @@
 #include "dsec/fs3/LayerRef.h"
 #include "dsec/launcher/node/CreateParams.h"
 #include "dsec/launcher/node/Sessions.h"
+#include "dsec/launcher/node/Snapshots.h"
 
 namespace dsec::launcher {
 
@@ -24,6 +25,22 @@ Result<nlohmann::json> parseJsonObject(std::string_view body);
 // node_memory_bytes bounds the memory limit (0 skips that check). Unknown backends are kInvalidArgument;
 // known but unavailable ones (fncall, microvm, vm) kUnsupported.
 Result<CreateParams> parseCreateRequest(const nlohmann::json& body, int64_t node_memory_bytes);
+
+// POST /v1/sandboxes with "snapshot": {"snapshot", "timeout"?, "idle_timeout"?, "labels"?, "session"?}; any other
+// field is a 400 naming it (the image, backend and limits are the snapshot's).
+struct RestoreRequest {
+  std::string snapshot;
+  RestoreOptions options;
+};
+Result<RestoreRequest> parseRestoreRequest(const nlohmann::json& body);
+
+// POST .../snapshot {"name"?, "processes"?} and POST .../fork {"count": 1..256, "processes"?}.
+struct SnapshotRequest {
+  std::string name;  // "" = generated
+  bool processes = false;
+  int count = 0;  // fork
+};
+Result<SnapshotRequest> parseSnapshotRequest(const nlohmann::json& body, bool fork);
 
 // The body of PUT /v1/sessions/{name} ({"lease", "retention"}) or of an attach ({"lease"} only: allow_retention
 // false). 400 naming the field.

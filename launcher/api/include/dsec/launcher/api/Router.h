@@ -44,8 +44,13 @@ enum class Op {
   kGetSession,
   kDeleteSession,
   kAttachSession,
-  kCall,     // POST /v1/call (fncall)
-  kRunCode,  // POST /run_code (SandboxFusion-compatible)
+  kCall,             // POST /v1/call (fncall)
+  kRunCode,          // POST /run_code (SandboxFusion-compatible)
+  kSnapshotSandbox,  // POST /v1/sandboxes/{id}/snapshot
+  kForkSandbox,      // POST /v1/sandboxes/{id}/fork
+  kListSnapshots,    // GET /v1/snapshots
+  kGetSnapshot,      // GET /v1/snapshots/{name}
+  kDeleteSnapshot,   // DELETE /v1/snapshots/{name}
 };
 
 struct QueryParams {
@@ -62,8 +67,9 @@ struct RouteMatch {
   std::string allow;     // for 405: "GET, POST"
   Op op = Op::kHealthz;
   std::string sandbox_id;
-  std::string sub_id;   // a route's second "*" after the sandbox's (the exec of /exec/{exec}/stdin), raw
-  std::string session;  // session routes: the (valid) session name
+  std::string sub_id;    // a route's second "*" after the sandbox's (the exec of /exec/{exec}/stdin), raw
+  std::string session;   // session routes: the (valid) session name
+  std::string snapshot;  // snapshot routes: the name, percent-decoded (checked by the store)
   QueryParams query;
 };
 

@@ -41,6 +41,8 @@ struct CreateParams {
   std::string session;  // the session the sandbox belongs to ("" = none)
   // CPU QoS (docs/qos.md): "latency" gets dedicated cores, "batch" (default) shares the pool under SCHED_IDLE.
   backends::CpuQos qos = backends::CpuQos::kBatch;
+  // The snapshot it was restored from ("" = made from its image); a container's snapshot layer is in `layers`.
+  std::string snapshot;
 };
 
 // Whether every k=v of `want` is among `labels` (the ?label= selectors of a list).

@@ -32,6 +32,11 @@ class ImageSource {
   virtual Status releaseUnused() = 0;
   virtual Result<std::vector<LayerStatus>> layers() = 0;
   virtual int64_t mountedLayers() = 0;
+  // A layer from an EROFS image made elsewhere (a container snapshot); kAlreadyExists if it is there.
+  virtual Status importLayer(const fs3::LayerRef& ref, const std::string& image, const std::string& built_on,
+                             const std::string& source) = 0;
+  // Removes a layer: kConflict while a sandbox holds it, kNotFound if missing.
+  virtual Status removeLayer(const fs3::LayerRef& ref) = 0;
 };
 
 class LayerImageSource : public ImageSource {
@@ -44,6 +49,9 @@ class LayerImageSource : public ImageSource {
   Status releaseUnused() override { return mounter_.unmountUnused(); }
   Result<std::vector<LayerStatus>> layers() override;
   int64_t mountedLayers() override;
+  Status importLayer(const fs3::LayerRef& ref, const std::string& image, const std::string& built_on,
+                     const std::string& source) override;
+  Status removeLayer(const fs3::LayerRef& ref) override;
 
  private:
   fs3::LayerStore store_;
@@ -59,8 +67,12 @@ class InMemoryImageSource : public ImageSource {
   Status releaseUnused() override { return okStatus(); }
   Result<std::vector<LayerStatus>> layers() override { return std::vector<LayerStatus>{}; }
   int64_t mountedLayers() override { return 0; }
+  Status importLayer(const fs3::LayerRef& ref, const std::string& image, const std::string& built_on,
+                     const std::string& source) override;
+  Status removeLayer(const fs3::LayerRef& ref) override;
 
  private:
+  std::mutex mu_;
   std::set<std::string> known_;
 };
 

@@ -36,6 +36,7 @@
 #include "dsec/launcher/node/NodeFncall.h"
 #include "dsec/launcher/node/NodeParts.h"
 #include "dsec/launcher/node/Sessions.h"
+#include "dsec/launcher/node/Snapshots.h"
 #include "dsec/launcher/node/StateRecord.h"
 #include "dsec/placement/DensityController.h"
 
@@ -86,6 +87,15 @@ struct NodeOptions {
   std::string slurm_job;
   std::vector<std::string> adopt_jobs;
   std::string job_registry_dir = kJobRegistryDir;  // where the job's claim is left for its epilog
+  // Snapshots (Snapshots.h, docs/snapshots.md): where they are kept ("" = <root>/snapshots; a fleet passes its
+  // shared <fleet root>/snapshots) and after how long the reaper removes them (0 = kept until deleted).
+  std::string snapshot_dir;
+  double snapshot_retention_seconds = 0;
+};
+
+struct ForkResult {
+  SnapshotMeta snapshot;
+  std::vector<SandboxInfo> sandboxes;
 };
 
 class CpuAllocator;
@@ -165,6 +175,18 @@ class NodeAgent : private DensityHost {
   Result<DeletedSession> deleteSession(const std::string& name);
   SessionTable& sessions() { return *sessions_; }
 
+  // Snapshots, restores and forks (NodeAgentSnapshots.cc, docs/snapshots.md). name "" is generated; processes asks
+  // for memory and processes too, which only machine backends carry (a container's is kInvalidArgument).
+  Result<SnapshotMeta> snapshot(const std::string& id, const std::string& name, bool processes);
+  // One snapshot, then `count` restores with the source's parameters; a failure destroys the copies made.
+  Result<ForkResult> fork(const std::string& id, int count, bool processes);
+  Result<SandboxInfo> restore(const std::string& name, const RestoreOptions& options);
+  std::vector<SnapshotMeta> listSnapshots();
+  Result<SnapshotMeta> getSnapshot(const std::string& name);
+  // Also removes its layer from this node's store when no sandbox here uses it; kConflict while another
+  // snapshot is stacked on it.
+  Status deleteSnapshot(const std::string& name);
+
   NodeInfo nodeInfo();
   Result<std::vector<LayerStatus>> layers();
   void renderGauges(std::string* out);
@@ -225,6 +247,15 @@ class NodeAgent : private DensityHost {
   SandboxInfo infoLocked(SandboxRecord& record);
   SandboxInfo infoOf(SandboxRecord& record);  // takes the record's mutex
   backends::SandboxSpec sandboxSpec(const SandboxRecord& record, const CpuReservation& cores) const;
+  // Snapshots (NodeAgentSnapshots.cc): the store, the reaper's retention and orphan-layer pass, and the backend
+  // call of a create (a machine snapshot's restore, else create).
+  Status startSnapshots();
+  void reapSnapshots();
+  Result<std::unique_ptr<backends::Sandbox>> makeSandbox(const SandboxRecord& record,
+                                                         const backends::SandboxSpec& spec);
+  Result<CreateParams> restoreParams(const SnapshotMeta& meta, const RestoreOptions& options);
+  std::unique_ptr<SnapshotStore> snapshots_;
+  std::atomic<double> snapshots_reaped_mono_{0};
 
   NodeOptions options_;
   Metrics* metrics_;

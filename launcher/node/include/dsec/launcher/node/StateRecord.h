@@ -41,6 +41,10 @@ struct SandboxStateRecord {
   std::string slurm_job;
 };
 
+// A record's "params" (the node's own names; snapshot.json reuses them for the source's parameters).
+nlohmann::json paramsRecordJson(const CreateParams& params);
+Result<CreateParams> paramsFromJson(const nlohmann::json& json);
+
 std::string encodeStateRecord(const SandboxStateRecord& record);
 // kInvalidArgument naming what is wrong; kUnsupported for a version newer than this node's (not guessed at: the
 // node refuses to start rather than reap sandboxes a newer node still owns).
