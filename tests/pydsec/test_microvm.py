@@ -127,3 +127,30 @@ def test_microvm_snapshots_carry_processes_and_forks_diverge(dsec):
                 if s.source == sb.id:
                     s.delete()
     assert snap.name not in [s.name for s in c.snapshots()]
+
+
+def test_a_lapsed_session_pauses_and_reclaims_its_microvm_and_attach_resumes_it(dsec):
+    import time
+
+    c = _client_with(dsec, "microvm")
+    name = f"vm-session-{os.getpid()}"
+    s = c.session(name, lease=2)
+    try:
+        sb = c.create(image=dsec.image, backend="microvm", memory="256M", session=name, timeout=600)
+        sb.exec("setsid sh -c 'sleep 1000' </dev/null >/dev/null 2>&1 &")
+        sb.write_file("/work/kept", "kept\n")
+        s.close()  # the trainer is preempted: renewal stops and the lease lapses
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            info = sb.info()
+            if (info["state"], info.get("paused_by")) == ("paused", "lease"):
+                break
+            time.sleep(0.2)
+        assert (info["state"], info.get("paused_by")) == ("paused", "lease"), info
+        s = c.session(name, lease=30)
+        again = {x.id: x for x in s.attach()}
+        r = again[sb.id].exec("cat /work/kept; pidof sleep >/dev/null && echo running")
+        assert r.stdout == "kept\nrunning\n"
+        assert again[sb.id].info()["state"] == "running"
+    finally:
+        s.destroy()
