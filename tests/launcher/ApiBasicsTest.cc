@@ -149,7 +149,8 @@ TEST_F(ApiTest, BadCreateBodiesAre4xxNamingTheProblem) {
            {R"({"image": "busybox:1", "pids": 1e400})", 400, "malformed JSON"},
            {R"({"image": "busybox:1", "extra": 1})", 400, "unknown field 'extra'"},
            {R"({"image": "busybox:1+nosuch:7"})", 404, "nosuch:7"},
-           {R"({"image": "busybox:1", "backend": "vm"})", 501, "vm"},
+           {R"({"image": "busybox:1", "backend": "lxc"})", 400, "backend"},
+           {R"({"image": "busybox:1", "backend": "fncall"})", 400, "/v1/call"},
        }) {
     auto r = client_->request(verb::post, "/v1/sandboxes", c.body, {{"Content-Type", "application/json"}});
     EXPECT_EQ(r.status, c.status) << c.body << " -> " << r.body;

@@ -154,3 +154,58 @@ def test_a_lapsed_session_pauses_and_reclaims_its_microvm_and_attach_resumes_it(
         assert again[sb.id].info()["state"] == "running"
     finally:
         s.destroy()
+
+
+def test_a_restarted_node_readopts_its_microvms(dsec, tmp_path):
+    """The agent goes (SIGTERM leaves sandboxes running) and a new one on the same root takes its microVMs back:
+    a running one with its processes and files, a paused one still paused."""
+    import signal
+    import subprocess
+    import time
+
+    from conftest import _free_port, _wait_healthy
+
+    _client_with(dsec, "microvm")
+    root = str(tmp_path / "root")
+    build = subprocess.run([dsec.bin, "layer", "build", "vmbase:1", "--from-dir",
+                            os.path.join(os.path.dirname(dsec.root), "rootfs"), "--root", root],
+                           capture_output=True, text=True, timeout=300)
+    assert build.returncode == 0, build.stderr
+    port = _free_port()
+    endpoint = f"http://127.0.0.1:{port}"
+    env = dict(os.environ, HOME=str(tmp_path))
+
+    def serve() -> subprocess.Popen:
+        log = open(tmp_path / "serve.log", "ab")
+        proc = subprocess.Popen([dsec.bin, "serve", "--listen", f"127.0.0.1:{port}", "--root", root,
+                                 "--fleet-name", f"vmrestart{os.getpid()}"], env=env, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        _wait_healthy(endpoint, proc, time.monotonic() + 60)
+        return proc
+
+    proc = serve()
+    try:
+        with open(os.path.join(root, "token")) as f:
+            token = f.read().strip()
+        c = pydsec.Client(endpoint=endpoint, token=token, timeout=300)
+        running = c.create(image="vmbase:1", backend="microvm", memory="256M", timeout=600)
+        running.exec("setsid sh -c 'sleep 1000' </dev/null >/dev/null 2>&1 &")
+        running.write_file("/work/kept", "kept\n")
+        paused = c.create(image="vmbase:1", backend="microvm", memory="256M", timeout=600)
+        paused.pause()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+        proc = serve()
+        c = pydsec.Client(endpoint=endpoint, token=token, timeout=300)
+        ids = {s.id: s for s in c.list()}
+        assert set(ids) == {running.id, paused.id}
+        assert ids[paused.id].info()["state"] == "paused"
+        r = ids[running.id].exec("cat /work/kept; pidof sleep >/dev/null && echo running")
+        assert r.stdout == "kept\nrunning\n"
+        assert ids[paused.id].exec("echo resumed").stdout == "resumed\n"
+        for s in ids.values():
+            s.destroy()
+        assert c.list() == []
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)

@@ -201,10 +201,28 @@ class ChannelImpl : public AgentChannel {
     }
     // The agent answers every port at once; waiting for them in turn takes as long as the slowest.
     for (size_t i = 0; i < ports_.size(); ++i) {
-      Status answered = awaitHello(*ports_[i], sent[i].first, sent[i].second, deadline);
+      Status answered = awaitHelloResending(*ports_[i], sent[i].first, sent[i].second, deadline);
       if (!answered.ok()) return answered.error().wrap("agent port dsec." + std::to_string(i));
     }
     return okStatus();
+  }
+
+  // A hello can be lost where the guest sees its port's host side go and come back (a restored copy: its port was
+  // connected to the snapshotted QEMU's socket): an unanswered hello is said again, with a new nonce, every half
+  // second. The agent answers a port's hellos in order, so the answer to the last one sent comes after any
+  // earlier one's, which awaitHello skips.
+  Status awaitHelloResending(PortConn& port, uint32_t req, int64_t nonce, Deadline deadline) {
+    constexpr double kResendSeconds = 0.5;
+    for (;;) {
+      Deadline step = Deadline::in(kResendSeconds);
+      if (deadline.at < step.at) step = deadline;
+      Status answered = awaitHello(port, req, nonce, step);
+      if (answered.ok() || answered.error().code() != ErrorCode::kTimeout || deadline.expired()) return answered;
+      req = port.next_request++;
+      nonce = static_cast<int64_t>(++nonce_);
+      DSEC_TRY(sendFrame(port, proto::encodeFrame(proto::FrameType::kHello, req, proto::HelloMsg{nonce}.encode()),
+                         deadline));
+    }
   }
 
   Status setup(const GuestSetup& setup, double timeout_seconds) override {

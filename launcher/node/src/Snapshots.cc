@@ -36,7 +36,8 @@ int64_t treeBytes(const std::string& dir) {
     if (S_ISDIR(st.st_mode)) {
       sum += treeBytes(path);
     } else if (S_ISREG(st.st_mode)) {
-      sum += st.st_size;
+      // What the file takes on disk: a machine snapshot's RAM file is sparse (only the pages its guest touched).
+      sum += std::min<int64_t>(st.st_size, static_cast<int64_t>(st.st_blocks) * 512);
     }
   }
   return sum;
