@@ -181,9 +181,11 @@ int benchForkMachine(const Invocation& inv, const ForkBenchOptions& options) {
               percentile(first_exec_ms, 50), percentile(first_exec_ms, 99),
               static_cast<int>(first_exec_ms.size()) - wrong_state, count);
   std::printf(
-      "single restore, one at a time: create p50 %.2f ms  p99 %.2f ms; with first exec p50 %.2f ms  p99 %.2f ms\n",
+      "single restore, one at a time: create p50 %.2f ms  p99 %.2f ms; with first exec p50 %.2f ms  p99 %.2f ms "
+      "(%zu of %d)\n",
       percentile(restore_ms, 50), percentile(restore_ms, 99), percentile(restore_exec_ms, 50),
-      percentile(restore_exec_ms, 99));
+      percentile(restore_exec_ms, 99), restore_ms.size(), count);
+  if (failures > 0) std::printf("%d failed; the first: %s\n", failures, first_error.c_str());
   printMemory("right after the fork", after_fork);
   printMemory("after a command in each", after_exec);
   const double share = parent_rss_mib > 0 ? after_exec.meanPss() / parent_rss_mib : 0;
