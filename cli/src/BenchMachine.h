@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "ApiClient.h"
 #include "dsec/common/Result.h"
