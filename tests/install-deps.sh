@@ -15,6 +15,8 @@ PACKAGES=(
   slurmctld slurmd slurm-client munge libslurm-dev openmpi-bin libopenmpi-dev libpmix-dev
   # SDK and tests
   python3 python3-pytest python3-setuptools python3-pip
+  # microvm/vm sandboxes: QEMU (TCG where there is no KVM), and what fetch-guest-kernel.sh uses
+  qemu-system-x86 qemu-utils kmod xz-utils zstd binutils
   # benchmarks: the peers, and the load `dsec bench qos` runs inside its sandboxes
   crun bubblewrap stress-ng
 )
@@ -29,3 +31,6 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get update -q
   apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
+
+# The guest kernel of microvm/vm sandboxes (quiet when it is there; `--update` takes a newer one).
+"$(dirname "$0")/../backends/vm/guest/fetch-guest-kernel.sh" "${DSEC_GUEST_KERNEL_DIR:-/usr/local/lib/dsec/guest-kernel}"

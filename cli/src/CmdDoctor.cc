@@ -83,7 +83,8 @@ int cmdDoctor(const Invocation& inv) {
   std::cout << "microvm and vm backends:\n";
   {
     bool qemu = !findProgram("qemu-system-x86_64").empty();
-    line("QEMU", qemu, qemu ? "qemu-system-x86_64 found" : "qemu-system-x86_64 missing (apt-get install qemu-system-x86)");
+    line("QEMU", qemu,
+         qemu ? "qemu-system-x86_64 found" : "qemu-system-x86_64 missing (apt-get install qemu-system-x86)");
     auto accel = backends::vm::chooseAccel("auto", "qemu-system-x86_64");
     line("accelerator", accel.ok(),
          accel.ok() ? accel->accel + (accel->note.empty() ? "" : " (" + accel->note + ")") : accel.error().message());
@@ -92,7 +93,7 @@ int cmdDoctor(const Invocation& inv) {
     auto agent = backends::vm::findGuestAgent();
     line("dsec-guest-agent", agent.ok(), agent.ok() ? *agent : agent.error().message());
     std::cout << (qemu && accel.ok() && kernel.ok() && agent.ok() ? "  microvm/vm sandboxes can run here\n"
-                                                                   : "  microvm/vm sandboxes cannot run here\n");
+                                                                  : "  microvm/vm sandboxes cannot run here\n");
   }
 
   std::cout << "layer store (" << common.root << "):\n";

@@ -1,5 +1,6 @@
 // dsec run IMAGE [limits] [-- CMD...]: create a sandbox; with a command, run it, print its output, destroy the
-// sandbox (unless --keep) and exit with the command's exit code.
+// sandbox (unless --keep) and exit with the command's exit code. --snapshot NAME instead of IMAGE restores a
+// snapshot (CmdSnapshot.cc makes them).
 #include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
@@ -19,8 +20,35 @@ namespace dsec::cli {
 
 namespace {
 
+// What a restore takes from its snapshot, so that --snapshot refuses them.
+constexpr const char* kFixedBySnapshot[] = {"cpus", "memory", "disk", "pids", "env", "network"};
+
+// A restore's body: the snapshot and what a restore may set (timeouts, labels); the rest is the snapshot's.
+nlohmann::json restoreBody(const po::variables_map& vm) {
+  if (vm.count("image") != 0) {
+    throw UsageError("--snapshot takes its image from the snapshot: give no IMAGE (a command goes after --)");
+  }
+  if (!vm["backend"].defaulted()) throw UsageError("--snapshot takes its backend from the snapshot");
+  for (const char* fixed : kFixedBySnapshot) {
+    if (vm.count(fixed) != 0) {
+      throw UsageError(std::string("--snapshot takes its limits from the snapshot: --") + fixed + " cannot be given");
+    }
+  }
+  nlohmann::json body{{"snapshot", vm["snapshot"].as<std::string>()}};
+  for (const char* duration : {"timeout", "idle-timeout"}) {
+    if (vm.count(duration) == 0) continue;
+    double seconds = vm[duration].as<double>();
+    if (!(seconds >= 0)) throw UsageError(std::string("--") + duration + " must be >= 0 seconds");
+    body[std::string(duration) == "timeout" ? "timeout" : "idle_timeout"] = seconds;
+  }
+  if (vm.count("label") != 0) body["labels"] = parseKeyValues("label", vm["label"].as<std::vector<std::string>>());
+  return body;
+}
+
 // Fills the create body of docs/api.md from the options the user actually gave (the server owns defaults).
 nlohmann::json createBody(const po::variables_map& vm) {
+  if (vm.count("snapshot") != 0) return restoreBody(vm);
+  if (vm.count("image") == 0) throw UsageError("missing IMAGE (or --snapshot NAME to restore one)");
   nlohmann::json body{{"image", vm["image"].as<std::string>()}, {"backend", vm["backend"].as<std::string>()}};
   if (vm.count("cpus") != 0) {
     double cpus = vm["cpus"].as<double>();
@@ -59,7 +87,9 @@ int cmdRun(const Invocation& inv) {
   CommonOptions common;
   po::options_description desc("options");
   addCommonOptions(desc, &common, true);
-  desc.add_options()("image", po::value<std::string>()->required(), "image: layers bottom first, 'debian:12+py:1'")(
+  desc.add_options()("image", po::value<std::string>(), "image: layers bottom first, 'debian:12+py:1'")(
+      "snapshot", po::value<std::string>(),
+      "restore this snapshot instead of an image (its image, backend and limits; any node of the fleet)")(
       "backend",
       po::value<std::string>()->default_value(dsec::backends::backendKindName(dsec::backends::BackendKind::kContainer)),
       "sandbox backend")("cpus", po::value<double>(), "CPU quota in CPUs (default 1)")(
@@ -78,7 +108,8 @@ int cmdRun(const Invocation& inv) {
   po::positional_options_description positional;
   positional.add("image", 1).add("cmd", -1);
   po::variables_map vm;
-  if (!parseCommandLine(inv, before, desc, positional, "IMAGE [options] [-- CMD...]", &vm, &common)) return kExitOk;
+  if (!parseCommandLine(inv, before, desc, positional, "(IMAGE | --snapshot NAME) [options] [-- CMD...]", &vm, &common))
+    return kExitOk;
   if (vm.count("cmd") != 0) {
     auto extra = vm["cmd"].as<std::vector<std::string>>();
     command.insert(command.begin(), extra.begin(), extra.end());

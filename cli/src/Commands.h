@@ -17,7 +17,9 @@ int cmdResume(const Invocation& inv);
 int cmdNetwork(const Invocation& inv);
 int cmdProtect(const Invocation& inv);
 int cmdViolations(const Invocation& inv);
-int cmdLayer(const Invocation& inv);  // build | ls | rm
+int cmdLayer(const Invocation& inv);     // build | ls | rm
+int cmdSnapshot(const Invocation& inv);  // create | ls | rm
+int cmdFork(const Invocation& inv);
 int cmdDoctor(const Invocation& inv);
 int cmdNode(const Invocation& inv);   // cleanup --job ID
 int cmdBench(const Invocation& inv);  // create | density

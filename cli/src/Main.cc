@@ -29,6 +29,8 @@ const Command kCommands[] = {
     {"network", dsec::cli::cmdNetwork, "replace a running sandbox's egress policy (a stage)"},
     {"protect", dsec::cli::cmdProtect, "replace a running sandbox's protected paths"},
     {"violations", dsec::cli::cmdViolations, "what a sandbox's processes were refused"},
+    {"snapshot", dsec::cli::cmdSnapshot, "keep a sandbox's state (create), list and remove snapshots"},
+    {"fork", dsec::cli::cmdFork, "copy a running sandbox into new ones (prints their ids)"},
     {"layer", dsec::cli::cmdLayer, "build, list and remove layers in the local layer store"},
     {"doctor", dsec::cli::cmdDoctor, "report what this host supports"},
     {"node", dsec::cli::cmdNode, "node upkeep: cleanup --job ID destroys what an ended Slurm job left here"},

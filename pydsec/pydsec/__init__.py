@@ -11,6 +11,9 @@ Sandboxes that must survive the trainer's preemption belong to a session (a leas
 ``session = client.session("run-42", lease=60)``, ``session.create(...)``, and after a requeue
 ``client.session("run-42").attach()`` (see :mod:`pydsec.session`).
 
+A sandbox's state can be kept and started again, on any node of the fleet: ``snap = sb.snapshot()``, then
+``client.create(snapshot=snap)``; ``sb.fork(3)`` makes three copies at once (see :mod:`pydsec.snapshot`).
+
 The asyncio flavour with the same names is :mod:`pydsec.aio`.
 
 Errors derive from :class:`DsecError` (``.code``, ``.status``, ``.message``). Those that are the platform's fault
@@ -23,6 +26,7 @@ they do not shadow the builtins; they also derive from the builtin ``TimeoutErro
 from .client import Client, ExecStream, Sandbox, StdinWriter
 from ._websocket import Terminal
 from .session import Session
+from .snapshot import Snapshot
 from .errors import (AuthError, CapacityError, ConflictError, DsecConnectionError, DsecError, DsecTimeoutError,
                      InfraError, InvalidRequestError, NodeLostError, NotFoundError, ServerError, TooLargeError,
                      UnavailableError, UnsupportedError)
@@ -32,7 +36,7 @@ from .results import ExecResult
 __version__ = "0.1.0"
 
 __all__ = [
-    "Client", "Sandbox", "Session", "ExecStream", "StdinWriter", "Terminal", "ExecResult", "DsecError",
+    "Client", "Sandbox", "Session", "Snapshot", "ExecStream", "StdinWriter", "Terminal", "ExecResult", "DsecError",
     "InvalidRequestError", "TooLargeError", "AuthError", "NotFoundError", "ConflictError", "CapacityError",
     "UnsupportedError", "DsecTimeoutError",
     "ServerError", "DsecConnectionError", "InfraError", "UnavailableError", "NodeLostError", "UnsafeArchiveError",

@@ -35,6 +35,48 @@ def created_id(info: Any) -> str:
     return info["id"]
 
 
+def create_body(snapshot: Any, image: Any, backend: Any, cpus: Any, memory: Any, disk: Any, pids: Any,
+                timeout: Any, idle_timeout: Any, env: Any, labels: Any, network: Any, session: Any, qos: Any,
+                protect: Any) -> Dict[str, Any]:
+    """The body of POST /v1/sandboxes: a sandbox of an image, or (``snapshot`` given) a restore of a snapshot,
+    whose image, backend and limits are the snapshot's."""
+    if snapshot is None:
+        return v.create_body(image, backend, cpus, memory, disk, pids, timeout, idle_timeout, env, labels, network,
+                             session, qos, protect)
+    given = dict(image=image, backend=backend, cpus=cpus, memory=memory, disk=disk, pids=pids, env=env,
+                 network=network, qos=qos, protect=protect)
+    return v.restore_body(snapshot_ref(snapshot), given, timeout, idle_timeout, labels, session)
+
+
+def snapshot_ref(value: Any) -> str:
+    """A snapshot's name from a Snapshot object or a name."""
+    name = getattr(value, "name", value)
+    return v.snapshot_name(name)
+
+
+def snapshot_doc(doc: Any) -> Dict[str, Any]:
+    if not isinstance(doc, dict) or not isinstance(doc.get("name"), str):
+        raise ServerError(f"unexpected snapshot object: {doc!r}")
+    return doc
+
+
+def snapshot_docs(doc: Any) -> List[Dict[str, Any]]:
+    """The snapshot objects of GET /v1/snapshots."""
+    return [snapshot_doc(s) for s in (doc or {}).get("snapshots") or []]
+
+
+def fork_answer(doc: Any, count: int) -> Tuple[Dict[str, Any], List[Dict[str, Any]]]:
+    """(the snapshot object, the copies' infos) from POST /v1/sandboxes/ID/fork."""
+    if not isinstance(doc, dict):
+        raise ServerError(f"unexpected fork response: {doc!r}")
+    infos = doc.get("sandboxes")
+    if not isinstance(infos, list) or len(infos) != count:
+        raise ServerError(f"fork of {count} returned {len(infos) if isinstance(infos, list) else 'no'} sandboxes")
+    for info in infos:
+        created_id(info)
+    return snapshot_doc(doc.get("snapshot")), infos
+
+
 def lost_info(sandbox_id: str, last: Optional[Dict[str, Any]], e: NodeLostError) -> Dict[str, Any]:
     """The info of a sandbox whose node the fleet declared lost: the last info seen, marked lost. A node that
     is only unreachable (not declared lost yet) re-raises the error."""
@@ -141,5 +183,6 @@ class StreamLines:
         return None
 
 
-__all__ = ["EXEC_GRACE", "exec_wait", "exec_result", "created_id", "lost_info", "file_data", "file_query",
+__all__ = ["EXEC_GRACE", "exec_wait", "exec_result", "created_id", "create_body", "snapshot_ref", "snapshot_doc",
+           "snapshot_docs", "fork_answer", "lost_info", "file_data", "file_query",
            "remove_query", "label_query", "renew_interval", "session_body", "attach_answer", "StreamLines"]

@@ -15,6 +15,9 @@ from .errors import InvalidRequestError
 _SIZE_RE = re.compile(r"^\s*\d+(\.\d+)?\s*([kKmMgGtT]i?[bB]?|[bB])?\s*$")
 _MODE_RE = re.compile(r"^0?[0-7]{3,4}$")
 _SESSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_SNAPSHOT_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+# The most copies one fork makes (the node's own limit).
+MAX_FORKS = 256
 
 
 def _put_stdin(body: Dict[str, Any], stdin: Any) -> None:
@@ -110,6 +113,56 @@ def session_name(value: Any) -> str:
     return value
 
 
+def snapshot_name(value: Any) -> str:
+    if not isinstance(value, str) or not _SNAPSHOT_RE.match(value):
+        _fail(f"invalid snapshot name {value!r}: it must match [a-z0-9][a-z0-9._-]{{0,63}}")
+    return value
+
+
+def snapshot_body(name: Any, processes: Any) -> Dict[str, Any]:
+    """POST /v1/sandboxes/ID/snapshot: an unnamed snapshot gets a name from the node."""
+    body: Dict[str, Any] = {}
+    if name is not None:
+        body["name"] = snapshot_name(name)
+    if not isinstance(processes, bool):
+        _fail(f"processes must be a bool, got {type(processes).__name__}")
+    if processes:
+        body["processes"] = True
+    return body
+
+
+def fork_body(count: Any, processes: Any) -> Dict[str, Any]:
+    if isinstance(count, bool) or not isinstance(count, numbers.Integral) or not 1 <= count <= MAX_FORKS:
+        _fail(f"count must be an integer in 1..{MAX_FORKS}, got {count!r}")
+    body = snapshot_body(None, processes)
+    body["count"] = int(count)
+    return body
+
+
+# What a restore takes from its snapshot and so cannot be given with ``snapshot=``.
+_FROM_SNAPSHOT = ("image", "backend", "cpus", "memory", "disk", "pids", "env", "network", "qos", "protect")
+
+
+def restore_body(snapshot: str, given: Mapping[str, Any], timeout: Any, idle_timeout: Any, labels: Any,
+                 session: Any) -> Dict[str, Any]:
+    """POST /v1/sandboxes from a snapshot: the image, backend and limits are the snapshot's; ``given`` maps the
+    create arguments that a restore cannot take to their values (None when not given)."""
+    fixed = [name for name in _FROM_SNAPSHOT if given.get(name) is not None]
+    if fixed:
+        _fail(f"a restore takes its image, backend and limits from the snapshot: {', '.join(fixed)} cannot be "
+              "given with snapshot=")
+    body: Dict[str, Any] = {"snapshot": snapshot_name(snapshot)}
+    if timeout is not None:
+        body["timeout"] = number("timeout", timeout)
+    if idle_timeout is not None:
+        body["idle_timeout"] = number("idle_timeout", idle_timeout)
+    if labels is not None:
+        body["labels"] = string_map("labels", labels)
+    if session is not None:
+        body["session"] = session_name(session)
+    return body
+
+
 def session_lease(value: Any) -> Union[int, float]:
     number("lease", value)
     if not 1 <= value <= 86400:
@@ -161,7 +214,9 @@ def create_body(image: Any, backend: Any, cpus: Any, memory: Any, disk: Any, pid
                 idle_timeout: Any, env: Any, labels: Any, network: Any, session: Any = None,
                 qos: Any = None, protect: Any = None) -> Dict[str, Any]:
     if not isinstance(image, str) or not image.strip():
-        _fail("image must be a non-empty str like 'debian:12+python:3.11'")
+        _fail("image must be a non-empty str like 'debian:12+python:3.11' (or give snapshot= to restore one)")
+    if backend is None:
+        backend = "container"
     if not isinstance(backend, str) or not backend:
         _fail("backend must be a non-empty str such as 'container'")
     body: Dict[str, Any] = {"image": image, "backend": backend}

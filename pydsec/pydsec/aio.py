@@ -30,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Awaitable, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple, TypeVar, Union
 
 from . import _config, _ops, _tar
+from . import snapshot as _snapshot
 from . import _aio_stream, _websocket
 from . import _validate as v
 from . import client as _sync
@@ -49,7 +50,7 @@ DEFAULT_MAX_IN_FLIGHT = 1024
 _CLEANUP_WAIT = 30.0
 
 __all__ = [
-    "Client", "Sandbox", "Session", "ExecStream", "ExecResult", "DsecError", "InvalidRequestError", "TooLargeError",
+    "Client", "Sandbox", "Session", "Snapshot", "ExecStream", "ExecResult", "DsecError", "InvalidRequestError", "TooLargeError",
     "AuthError", "NotFoundError", "ConflictError", "CapacityError", "UnsupportedError", "DsecTimeoutError",
     "ServerError", "DsecConnectionError", "InfraError", "UnavailableError", "NodeLostError",
 ]
@@ -119,6 +120,13 @@ class ExecStream:
         self.close()
 
 
+class Snapshot(_snapshot.Snapshot):
+    """See :class:`pydsec.Snapshot`; ``await snap.delete()``, ``snap.restore(...)`` is ``client.create(...)``."""
+
+    async def delete(self) -> bool:  # type: ignore[override]
+        return await self._client.delete_snapshot(self.name)
+
+
 class Sandbox:
     """Async handle to one sandbox; see :class:`pydsec.Sandbox` for the meaning of each method."""
 
@@ -184,6 +192,18 @@ class Sandbox:
     async def violations(self) -> List[Dict[str, Any]]:
         doc = await self._t().call("GET", self._path + "/violations")
         return list((doc or {}).get("violations") or [])
+
+    async def snapshot(self, name: Optional[str] = None, processes: bool = False) -> Snapshot:
+        """See :meth:`pydsec.Sandbox.snapshot`."""
+        doc = await self._t().call("POST", self._path + "/snapshot", payload=v.snapshot_body(name, processes))
+        return Snapshot(self._client, doc)
+
+    async def fork(self, n: int = 1, processes: bool = False) -> List["Sandbox"]:
+        """See :meth:`pydsec.Sandbox.fork`: ``n`` new sandboxes from this one's state now (``async with`` each)."""
+        body = v.fork_body(n, processes)
+        doc = await self._client._made_sandboxes(self._t().call("POST", self._path + "/fork", payload=body),
+                                                 lambda d: [i["id"] for i in _ops.fork_answer(d, n)[1]])
+        return [Sandbox(self._client, info["id"], info) for info in _ops.fork_answer(doc, n)[1]]
 
     async def destroy(self) -> bool:
         try:
@@ -435,7 +455,7 @@ class Session:
         by_id = {sb.id: sb for sb in await self._client.list() if (sb.cached_info or {}).get("session") == self.name}
         return [by_id.get(i) or self._client.sandbox(i) for i in ids]
 
-    def create(self, image: str, **kwargs: Any) -> _CreateCall:
+    def create(self, image: Optional[str] = None, **kwargs: Any) -> _CreateCall:
         """Same as ``client.create(...)`` (await it or ``async with`` it), in this session."""
         if "session" in kwargs:
             v._fail("session.create() sets 'session' itself")
@@ -566,28 +586,35 @@ class Client:
         return await asyncio.get_running_loop().run_in_executor(self._executor, functools.partial(fn, *args))
 
     async def _create(self, body: Dict[str, Any]) -> Sandbox:
-        task = asyncio.ensure_future(self._transport.call("POST", "/v1/sandboxes", payload=body))
-        try:
-            info = await asyncio.shield(task)
-        except asyncio.CancelledError:
-            # The request may be on its way; if it succeeds nobody would own the sandbox, so destroy it.
-            self._track(task)
-            task.add_done_callback(self._destroy_orphan)
-            raise
+        info = await self._made_sandboxes(self._transport.call("POST", "/v1/sandboxes", payload=body),
+                                          lambda d: [_ops.created_id(d)])
         return Sandbox(self, _ops.created_id(info), info)
+
+    async def _made_sandboxes(self, request: Awaitable[Any], ids_of: Callable[[Any], List[str]]) -> Any:
+        """The answer of a request that makes sandboxes (a create, a fork). If the caller is cancelled while it
+        is on its way and it succeeds, nobody would own them: they are destroyed (``ids_of`` names them)."""
+        task = asyncio.ensure_future(request)
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            self._track(task)
+            task.add_done_callback(functools.partial(self._destroy_orphans, ids_of))
+            raise
 
     def _track(self, task: "asyncio.Future[Any]") -> None:
         """aclose() waits for this work (a cancelled create, the destroy of what it made)."""
         self._cleanups.add(task)
         task.add_done_callback(self._cleanups.discard)
 
-    def _destroy_orphan(self, task: "asyncio.Future[Any]") -> None:
+    def _destroy_orphans(self, ids_of: Callable[[Any], List[str]], task: "asyncio.Future[Any]") -> None:
         if task.cancelled() or task.exception() is not None:
             return
-        info = task.result()
-        if not isinstance(info, dict) or not isinstance(info.get("id"), str):
+        try:
+            ids = ids_of(task.result())
+        except DsecError:
             return
-        self._track(asyncio.ensure_future(self._destroy_quietly(info["id"])))
+        for sandbox_id in ids:
+            self._track(asyncio.ensure_future(self._destroy_quietly(sandbox_id)))
 
     async def _destroy_quietly(self, sandbox_id: str) -> None:
         try:
@@ -607,16 +634,18 @@ class Client:
             threading.Thread(target=destroy, name=f"pydsec-destroy-{sandbox_id}").start()
             raise
 
-    def create(self, image: str, backend: str = "container", cpus: Optional[float] = None,
+    def create(self, image: Optional[str] = None, backend: Optional[str] = None, cpus: Optional[float] = None,
                memory: Union[None, int, str] = None, disk: Union[None, int, str] = None, pids: Optional[int] = None,
                timeout: Optional[float] = None, idle_timeout: Optional[float] = None,
                env: Optional[Dict[str, str]] = None, labels: Optional[Dict[str, str]] = None,
                network: Union[None, str, Dict[str, List[str]]] = None, session: Optional[str] = None,
-               qos: Optional[str] = None, protect: Optional[List[str]] = None) -> _CreateCall:
-        """``sb = await client.create(...)`` or ``async with client.create(...) as sb:``."""
+               qos: Optional[str] = None, protect: Optional[List[str]] = None,
+               snapshot: Union[None, str, _snapshot.Snapshot] = None) -> _CreateCall:
+        """``sb = await client.create(...)`` or ``async with client.create(...) as sb:``; ``snapshot=`` restores
+        one (see :meth:`pydsec.Client.create`)."""
         # argument errors surface at the call, not at the await
-        body = v.create_body(image, backend, cpus, memory, disk, pids, timeout, idle_timeout, env, labels, network,
-                             session, qos, protect)
+        body = _ops.create_body(snapshot, image, backend, cpus, memory, disk, pids, timeout, idle_timeout, env,
+                                labels, network, session, qos, protect)
         return _CreateCall(self, body)
 
     def session(self, name: str, lease: float = 60, retention: Optional[float] = None) -> Session:
@@ -648,6 +677,21 @@ class Client:
         doc = await self._transport.call("POST", "/v1/call", payload=body,
                                          timeout=_ops.exec_wait(timeout, self._transport.timeout))
         return _ops.exec_result(doc, "call")
+
+    async def snapshots(self) -> List[Snapshot]:
+        doc = await self._transport.call("GET", "/v1/snapshots")
+        return [Snapshot(self, s) for s in _ops.snapshot_docs(doc)]
+
+    async def snapshot(self, name: str) -> Snapshot:
+        return Snapshot(self, await self._transport.call("GET", f"/v1/snapshots/{v.snapshot_name(name)}"))
+
+    async def delete_snapshot(self, name: Union[str, _snapshot.Snapshot]) -> bool:
+        """See :meth:`pydsec.Client.delete_snapshot`."""
+        try:
+            await self._transport.call("DELETE", f"/v1/snapshots/{_ops.snapshot_ref(name)}")
+        except NotFoundError:
+            return False
+        return True
 
     async def layers(self) -> List[Dict[str, Any]]:
         doc = await self._transport.call("GET", "/v1/layers")

@@ -17,6 +17,7 @@ from ._http import Response, Transport
 from .errors import DsecError, NodeLostError, NotFoundError, ServerError
 from ._websocket import Terminal
 from .results import ExecResult
+from .snapshot import Snapshot
 
 Cmd = Union[str, Sequence[str]]
 _COPY_BUFSIZE = 256 * 1024
@@ -245,6 +246,21 @@ class Sandbox:
         doc = self._t().call("GET", self._path + "/violations")
         return list((doc or {}).get("violations") or [])
 
+    def snapshot(self, name: Optional[str] = None, processes: bool = False) -> Snapshot:
+        """Keep the sandbox's state now in the fleet's snapshot store, as ``name`` (else a name the node picks).
+        A container's snapshot holds its files; ``processes=True`` (machine sandboxes only) its processes too.
+        The sandbox runs on. ConflictError if the name is taken. See :mod:`pydsec.snapshot`."""
+        doc = self._t().call("POST", self._path + "/snapshot", payload=v.snapshot_body(name, processes))
+        return Snapshot(self._client, doc)
+
+    def fork(self, n: int = 1, processes: bool = False) -> List["Sandbox"]:
+        """``n`` new sandboxes (1..256) that start from this one's state now, on its node (a snapshot is taken
+        and restored ``n`` times). Each is an ordinary sandbox: ``with`` destroys it. The snapshot stays in the
+        store (each copy's ``cached_info["snapshot"]`` names it): delete it when no more copies are wanted."""
+        body = v.fork_body(n, processes)
+        _snap, infos = _ops.fork_answer(self._t().call("POST", self._path + "/fork", payload=body), n)
+        return [Sandbox(self._client, info["id"], info) for info in infos]
+
     def destroy(self) -> bool:
         """Destroy the sandbox. Idempotent: returns False if it was already gone."""
         try:
@@ -433,12 +449,13 @@ class Client:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def create(self, image: str, backend: str = "container", cpus: Optional[float] = None,
+    def create(self, image: Optional[str] = None, backend: Optional[str] = None, cpus: Optional[float] = None,
                memory: Union[None, int, str] = None, disk: Union[None, int, str] = None, pids: Optional[int] = None,
                timeout: Optional[float] = None, idle_timeout: Optional[float] = None,
                env: Optional[Dict[str, str]] = None, labels: Optional[Dict[str, str]] = None,
                network: Union[None, str, Dict[str, List[str]]] = None, session: Optional[str] = None,
-               qos: Optional[str] = None, protect: Optional[List[str]] = None) -> Sandbox:
+               qos: Optional[str] = None, protect: Optional[List[str]] = None,
+               snapshot: Union[None, str, Snapshot] = None) -> Sandbox:
         """Create a sandbox and return once it is running. Arguments left as None take the node's defaults.
 
         ``session`` names an existing, active session the sandbox belongs to (see :meth:`session`).
@@ -447,10 +464,13 @@ class Client:
         ``network`` is ``"none"`` (the default: no interface), ``{"egress": [...]}`` (a link, and the destinations
         it may reach: address blocks and domain names with optional ports; ``[]`` for none yet, opened later with
         :meth:`Sandbox.set_network`) or ``"egress"`` (anywhere but the node and the fleet). ``protect`` lists paths
-        the sandbox's processes cannot change (the file API still can).
+        the sandbox's processes cannot change (the file API still can). ``backend`` defaults to ``"container"``.
+
+        ``snapshot`` (a Snapshot or its name) restores it instead: the image, backend and limits are the
+        snapshot's, so only ``timeout``, ``idle_timeout``, ``labels`` and ``session`` may be given with it.
         """
-        body = v.create_body(image, backend, cpus, memory, disk, pids, timeout, idle_timeout, env, labels, network,
-                             session, qos, protect)
+        body = _ops.create_body(snapshot, image, backend, cpus, memory, disk, pids, timeout, idle_timeout, env,
+                                labels, network, session, qos, protect)
         info = self._transport.call("POST", "/v1/sandboxes", payload=body)
         return Sandbox(self, _ops.created_id(info), info)
 
@@ -505,6 +525,23 @@ class Client:
         doc = self._transport.call("POST", "/v1/call", payload=body, timeout=wait)
         return _ops.exec_result(doc, "call")
 
+    def snapshots(self) -> List[Snapshot]:
+        """Every snapshot in the fleet's snapshot store, by name."""
+        doc = self._transport.call("GET", "/v1/snapshots")
+        return [Snapshot(self, s) for s in _ops.snapshot_docs(doc)]
+
+    def snapshot(self, name: str) -> Snapshot:
+        """The snapshot ``name``; NotFoundError if there is none."""
+        return Snapshot(self, self._transport.call("GET", f"/v1/snapshots/{v.snapshot_name(name)}"))
+
+    def delete_snapshot(self, name: Union[str, Snapshot]) -> bool:
+        """Delete a snapshot (sandboxes restored from it keep running). Idempotent: False if it was already gone."""
+        try:
+            self._transport.call("DELETE", f"/v1/snapshots/{_ops.snapshot_ref(name)}")
+        except NotFoundError:
+            return False
+        return True
+
     def layers(self) -> List[Dict[str, Any]]:
         """Manifests of the layers in the node's store."""
         doc = self._transport.call("GET", "/v1/layers")
@@ -522,4 +559,4 @@ class Client:
 
 from .session import Session  # noqa: E402  (session.py imports this module)
 
-__all__ = ["Client", "Sandbox", "Session", "ExecStream", "ExecResult", "DsecError"]
+__all__ = ["Client", "Sandbox", "Session", "Snapshot", "ExecStream", "ExecResult", "DsecError"]

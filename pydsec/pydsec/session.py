@@ -79,8 +79,8 @@ class Session:
         by_id = {sb.id: sb for sb in self._client.list() if (sb.cached_info or {}).get("session") == self.name}
         return [by_id.get(i) or self._client.sandbox(i) for i in ids]
 
-    def create(self, image: str, **kwargs: Any) -> "Sandbox":
-        """``client.create(...)`` for a sandbox that belongs to this session."""
+    def create(self, image: Optional[str] = None, **kwargs: Any) -> "Sandbox":
+        """``client.create(...)`` for a sandbox that belongs to this session (``snapshot=`` restores one)."""
         if "session" in kwargs:
             v._fail("session.create() sets 'session' itself")
         return self._client.create(image, session=self.name, **kwargs)

@@ -94,6 +94,44 @@ TEST(CliArgs, MissingSubcommandsAndArguments) {
   EXPECT_EQ(runDsec({"--log-level", "loud", "ls"}).exit_code, 2);
 }
 
+// Snapshot, fork and restore arguments are checked before any fleet is looked for.
+TEST(CliArgs, SnapshotForkAndRestoreArguments) {
+  TempDir home;
+  auto env = noFleet(home);
+  EXPECT_EQ(runDsec({"snapshot"}, env).exit_code, 2);
+  auto r = runDsec({"snapshot", "frob"}, env);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("unknown snapshot command 'frob'"), std::string::npos) << r.err;
+  r = runDsec({"snapshot", "create"}, env);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("dsec snapshot create: "), std::string::npos) << r.err;
+  EXPECT_EQ(runDsec({"snapshot", "rm"}, env).exit_code, 2);
+  EXPECT_EQ(runDsec({"fork"}, env).exit_code, 2);
+  for (const char* count : {"0", "257", "-3", "many"}) {
+    r = runDsec({"fork", "n0-0123456789abcdef", "-n", count}, env);
+    EXPECT_EQ(r.exit_code, 2) << count;
+    EXPECT_NE(r.err.find("dsec fork: "), std::string::npos) << r.err;
+  }
+  r = runDsec({"run"}, env);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("--snapshot"), std::string::npos) << r.err;
+  r = runDsec({"run", "busybox:1", "--snapshot", "s1"}, env);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("give no IMAGE"), std::string::npos) << r.err;
+  for (const char* fixed : {"--memory", "--cpus", "--backend"}) {
+    r = runDsec({"run", "--snapshot", "s1", fixed, "1"}, env);
+    EXPECT_EQ(r.exit_code, 2) << fixed;
+    EXPECT_NE(r.err.find("from the snapshot"), std::string::npos) << r.err;
+  }
+  // Well-formed: it gets as far as looking for the fleet.
+  r = runDsec({"run", "--snapshot", "s1", "--timeout", "60", "--label", "a=b"}, env);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("no fleet 'default'"), std::string::npos) << r.err;
+  r = runDsec({"fork", "n0-0123456789abcdef", "-n", "3"}, env);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("no fleet 'default'"), std::string::npos) << r.err;
+}
+
 TEST(CliArgs, HelpExitsZero) {
   auto r = runDsec({"--help"});
   EXPECT_EQ(r.exit_code, 0);
@@ -101,6 +139,12 @@ TEST(CliArgs, HelpExitsZero) {
   r = runDsec({"run", "--help"});
   EXPECT_EQ(r.exit_code, 0);
   EXPECT_NE(r.out.find("--memory"), std::string::npos) << r.out;
+  r = runDsec({"snapshot", "--help"});
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_NE(r.out.find("dsec run --snapshot NAME"), std::string::npos) << r.out;
+  r = runDsec({"fork", "--help"});
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_NE(r.out.find("--count"), std::string::npos) << r.out;
   r = runDsec({"layer", "--help"});
   EXPECT_EQ(r.exit_code, 0);
   EXPECT_NE(r.out.find("--from-dir"), std::string::npos) << r.out;

@@ -100,6 +100,65 @@ TEST_F(CliServe, RunExecLsPauseResumeRm) {
   EXPECT_NE(r.err.find("404"), std::string::npos) << r.err;
 }
 
+// A snapshot taken, listed, restored with `dsec run --snapshot`, forked, and removed, all through the CLI.
+TEST_F(CliServe, SnapshotForkRestoreAndRemove) {
+  auto r = dsec({"snapshot", "ls"});
+  if (r.exit_code != 0 && r.err.find("404") != std::string::npos) {
+    GTEST_SKIP() << "the node has no snapshot routes yet: " << r.err;
+  }
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = dsec({"run", "bb:1", "--timeout", "300"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::string src = trim(r.out);
+  r = dsec({"exec", src, "--", "sh", "-c", "echo kept > /work/state.txt"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+
+  r = dsec({"snapshot", "create", src, "--name", "cli-snap"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(trim(r.out), "cli-snap");
+  r = dsec({"snapshot", "create", src, "--name", "cli-snap"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("409"), std::string::npos) << r.err;
+  r = dsec({"snapshot", "create", src, "--processes"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("400"), std::string::npos) << r.err;
+  r = dsec({"snapshot", "ls"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("NAME"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("cli-snap"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(src), std::string::npos) << r.out;
+
+  r = dsec({"exec", src, "--", "sh", "-c", "echo moved-on > /work/state.txt"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = dsec({"run", "--snapshot", "cli-snap", "--label", "restored=1", "--", "cat", "/work/state.txt"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "kept\n");
+
+  r = dsec({"fork", src, "-n", "2"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto copies = split(trim(r.out), '\n');
+  ASSERT_EQ(copies.size(), 2u) << r.out;
+  EXPECT_NE(copies[0], copies[1]);
+  for (const auto& id : copies) {
+    r = dsec({"exec", id, "--", "cat", "/work/state.txt"});
+    EXPECT_EQ(r.out, "moved-on\n") << r.err;
+    EXPECT_EQ(dsec({"rm", id}).exit_code, 0);
+  }
+  EXPECT_EQ(dsec({"rm", src}).exit_code, 0);
+
+  r = dsec({"snapshot", "rm", "cli-snap"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  r = dsec({"snapshot", "ls", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out.find("cli-snap"), std::string::npos) << r.out;
+  r = dsec({"snapshot", "rm", "cli-snap"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("404"), std::string::npos) << r.err;
+  r = dsec({"run", "--snapshot", "cli-snap"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("cli-snap"), std::string::npos) << r.err;
+}
+
 // The stage commands on a running sandbox: its egress policy and protected paths replaced (and emptied), bad input
 // refused, and what its processes were refused listed.
 TEST_F(CliServe, NetworkProtectAndViolationsChangeARunningSandbox) {

@@ -25,10 +25,18 @@ namespace http = boost::beast::http;
 using client::call;
 constexpr const char* kToken = "fleet-token";
 
-// Answers like a node agent: creates, info, exec/stream, file uploads, sessions, /v1/node.
+// The snapshot store every node of a fleet shares (<fleet root>/snapshots): snapshot objects by name.
+struct SharedSnapshots {
+  std::mutex mu;
+  std::map<std::string, json> by_name;
+};
+
+// Answers like a node agent: creates (and restores from the shared snapshots), info, exec/stream, file uploads,
+// sessions, snapshots and forks, /v1/node.
 class FakeNode : public RequestHandler {
  public:
-  explicit FakeNode(std::string name) : name_(std::move(name)) {
+  explicit FakeNode(std::string name, SharedSnapshots* snapshots = nullptr)
+      : name_(std::move(name)), snapshots_(snapshots) {
     HttpServerOptions o;
     o.listen = "127.0.0.1:0";
     server_ = HttpServer::start(o, this).value();
@@ -70,11 +78,17 @@ class FakeNode : public RequestHandler {
       while (hold_creates_) std::this_thread::sleep_for(std::chrono::milliseconds(5));
       bool too_large = false;
       auto body = json::parse(*ex.readBody(1 << 20, &too_large));
+      std::string snapshot = body.value("snapshot", "");
+      if (!snapshot.empty()) {
+        restores_++;
+        std::lock_guard lock(snapshots_->mu);
+        if (!snapshots_->by_name.count(snapshot)) return ex.sendError(404, "not_found", "no snapshot " + snapshot);
+      }
       if (full_) return ex.sendError(429, "capacity", "full", {{"Retry-After", "1"}});
       std::string id = name_ + "-" + randomHex(16);
       std::lock_guard lock(mu_);
       sandboxes_[id] = body.value("labels", json::object());
-      return ex.sendJson(201, json{{"id", id}, {"node", name_}, {"labels", sandboxes_[id]}});
+      return ex.sendJson(201, json{{"id", id}, {"node", name_}, {"labels", sandboxes_[id]}, {"snapshot", snapshot}});
     }
     if (startsWith(target, "/v1/sandboxes?") || target == "/v1/sandboxes") {
       json list = json::array();
@@ -96,6 +110,23 @@ class FakeNode : public RequestHandler {
                                    {"lapsed_unix", lapsed_ ? json(100.0) : json(nullptr)},
                                    {"sandboxes", ids}});
     }
+    if (snapshots_ != nullptr && startsWith(target, "/v1/snapshots")) {
+      snapshot_requests_++;
+      std::lock_guard lock(snapshots_->mu);
+      if (target == "/v1/snapshots") {
+        json list = json::array();
+        for (const auto& [n, snap] : snapshots_->by_name) list.push_back(snap);
+        return ex.sendJson(200, json{{"snapshots", list}, {"answered_by", name_}});
+      }
+      std::string name = target.substr(std::string("/v1/snapshots/").size());
+      auto it = snapshots_->by_name.find(name);
+      if (it == snapshots_->by_name.end()) return ex.sendError(404, "not_found", "no snapshot " + name);
+      if (method == http::verb::delete_) {
+        snapshots_->by_name.erase(it);
+        return ex.sendJson(200, json{{"name", name}, {"deleted", true}});
+      }
+      return ex.sendJson(200, it->second);
+    }
     auto parts = split(target.substr(0, target.find('?')), '/');  // "", v1, sandboxes, id, ...
     if (parts.size() >= 4 && parts[2] == "sandboxes") {
       std::string id = parts[3];
@@ -104,6 +135,31 @@ class FakeNode : public RequestHandler {
         if (!sandboxes_.count(id)) return ex.sendError(404, "not_found", "no sandbox " + id + " on " + name_);
       }
       if (parts.size() == 4) return ex.sendJson(200, json{{"id", id}, {"node", name_}});
+      if (parts.size() == 5 && (parts[4] == "snapshot" || parts[4] == "fork") && method == http::verb::post) {
+        bool too_large = false;
+        auto body = json::parse(*ex.readBody(1 << 20, &too_large));
+        json snap{{"name", body.value("name", "snap-" + randomHex(6))},
+                  {"kind", "filesystem"},
+                  {"backend", "container"},
+                  {"image", "x:1"},
+                  {"source", id},
+                  {"node", name_},
+                  {"bytes", 4096}};
+        {
+          std::lock_guard lock(snapshots_->mu);
+          if (snapshots_->by_name.count(snap["name"])) return ex.sendError(409, "conflict", "snapshot exists");
+          snapshots_->by_name[snap["name"]] = snap;
+        }
+        if (parts[4] == "snapshot") return ex.sendJson(201, snap);
+        json copies = json::array();
+        std::lock_guard lock(mu_);
+        for (int i = 0; i < body.value("count", 1); ++i) {
+          std::string copy = name_ + "-" + randomHex(16);
+          sandboxes_[copy] = json::object();
+          copies.push_back(json{{"id", copy}, {"node", name_}, {"snapshot", snap["name"]}});
+        }
+        return ex.sendJson(201, json{{"snapshot", snap}, {"sandboxes", copies}});
+      }
       if (parts.size() == 6 && parts[4] == "exec" && parts[5] == "stream") {
         bool too_large = false;
         (void)ex.readBody(1 << 20, &too_large);
@@ -138,12 +194,13 @@ class FakeNode : public RequestHandler {
   }
 
   std::string name_;
+  SharedSnapshots* snapshots_;
   std::unique_ptr<HttpServer> server_;
   std::mutex mu_;
   std::map<std::string, json> sandboxes_;
   json admission_ = nullptr;  // GET /v1/node "admission" (null: the node does not report one)
   std::atomic<bool> full_{false}, hang_{false}, lapsed_{false}, hold_creates_{false};
-  std::atomic<int> requests_{0}, creates_{0};
+  std::atomic<int> requests_{0}, creates_{0}, restores_{0}, snapshot_requests_{0};
   double expires_ = 1000;
 };
 
@@ -159,7 +216,7 @@ class GatewayTest : public ::testing::Test {
     o.seed = 42;
     gateway_ = std::make_unique<Gateway>(o);
     for (const char* n : {"n1", "n2", "n3"}) {
-      nodes_[n] = std::make_unique<FakeNode>(n);
+      nodes_[n] = std::make_unique<FakeNode>(n, &snapshots_);
       ASSERT_OK(gateway_->registerNode(nodes_[n]->spec()));
     }
     HttpServerOptions ho;
@@ -194,6 +251,7 @@ class GatewayTest : public ::testing::Test {
     gateway_->probeAll();
   }
 
+  SharedSnapshots snapshots_;  // before the nodes, which use it
   std::unique_ptr<Gateway> gateway_;
   std::map<std::string, std::unique_ptr<FakeNode>> nodes_;
   std::unique_ptr<HttpServer> server_;
@@ -491,6 +549,118 @@ TEST_F(GatewayTest, SessionsFanOutAndMerge) {
   EXPECT_EQ(s["lapsed_unix"], 100.0);
   nodes_["n3"]->lapsed_ = false;
   EXPECT_EQ(call(http::verb::get, "/v1/sessions/run-42").json()["state"], "active");
+}
+
+}  // namespace
+}  // namespace dsec::launcher
+
+namespace dsec::launcher {
+namespace {
+
+// Snapshots and forks go to the sandbox's node (the id names it), which forks all copies itself.
+TEST_F(GatewayTest, SnapshotsAndForksGoToTheSandboxesNode) {
+  std::vector<std::string> ids;
+  for (int i = 0; i < 6; ++i) ids.push_back(create());
+  for (const auto& id : ids) {
+    std::string node = nodeOfSandboxId(id);
+    auto r = call(http::verb::post, "/v1/sandboxes/" + id + "/snapshot", R"({"name":"s-)" + id + R"("})");
+    ASSERT_EQ(r.status, 201) << r.body;
+    EXPECT_EQ(r.json()["node"], node);
+    EXPECT_EQ(r.json()["source"], id);
+    r = call(http::verb::post, "/v1/sandboxes/" + id + "/snapshot", R"({"name":"s-)" + id + R"("})");
+    EXPECT_EQ(r.status, 409) << r.body;  // the node's answer, relayed
+
+    r = call(http::verb::post, "/v1/sandboxes/" + id + "/fork", R"({"count":3})");
+    ASSERT_EQ(r.status, 201) << r.body;
+    auto copies = r.json()["sandboxes"];
+    ASSERT_EQ(copies.size(), 3u);
+    for (const auto& copy : copies) {
+      std::string copy_id = copy["id"];
+      EXPECT_EQ(nodeOfSandboxId(copy_id), node);
+      EXPECT_EQ(call(http::verb::get, "/v1/sandboxes/" + copy_id).status, 200);
+    }
+  }
+  EXPECT_EQ(call(http::verb::post, "/v1/sandboxes/n9-0123456789abcdef/fork", R"({"count":1})").status, 503);
+}
+
+// Listings, lookups and deletes of snapshots ask one live node (the store is shared), the next one if it cannot
+// be reached.
+TEST_F(GatewayTest, SnapshotListingsAskOneLiveNodeAndFallBack) {
+  auto id = create();
+  ASSERT_EQ(call(http::verb::post, "/v1/sandboxes/" + id + "/snapshot", R"({"name":"shared-1"})").status, 201);
+  auto asked = [&] {
+    std::map<std::string, int> out;
+    for (auto& [n, node] : nodes_) out[n] = node->snapshot_requests_.exchange(0);
+    return out;
+  };
+  asked();
+  auto r = call(http::verb::get, "/v1/snapshots");
+  ASSERT_EQ(r.status, 200) << r.body;
+  ASSERT_EQ(r.json()["snapshots"].size(), 1u);
+  EXPECT_EQ(r.json()["snapshots"][0]["name"], "shared-1");
+  auto counts = asked();
+  EXPECT_EQ(counts["n1"] + counts["n2"] + counts["n3"], 1);
+
+  std::string first = r.json()["answered_by"];
+  nodes_[first]->stop();  // not answering, not yet declared lost
+  r = call(http::verb::get, "/v1/snapshots/shared-1");
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.json()["source"], id);
+  r = call(http::verb::get, "/v1/snapshots");
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_NE(r.json()["answered_by"], first);
+  EXPECT_EQ(call(http::verb::get, "/v1/snapshots/nope").status, 404);
+  EXPECT_EQ(call(http::verb::delete_, "/v1/snapshots/shared-1").status, 200);
+  EXPECT_EQ(call(http::verb::delete_, "/v1/snapshots/shared-1").status, 404);
+  EXPECT_EQ(call(http::verb::post, "/v1/snapshots").status, 405);
+
+  for (auto& [n, node] : nodes_) node->stop();
+  r = call(http::verb::get, "/v1/snapshots");
+  EXPECT_EQ(r.status, 503) << r.body;
+}
+
+// A restore is placed like any create, on any node (the store is shared): around drained and full nodes, and a
+// missing snapshot or a bad name is answered before any node is asked to create.
+TEST_F(GatewayTest, RestoresArePlacedLikeCreates) {
+  auto id = create();
+  ASSERT_EQ(call(http::verb::post, "/v1/sandboxes/" + id + "/snapshot", R"({"name":"r-1"})").status, 201);
+  std::map<std::string, int> per_node;
+  for (int i = 0; i < 30; ++i) {
+    auto r = call(http::verb::post, "/v1/sandboxes", R"({"snapshot":"r-1","timeout":60,"labels":{"k":"v"}})");
+    ASSERT_EQ(r.status, 201) << r.body;
+    EXPECT_EQ(r.json()["snapshot"], "r-1");
+    EXPECT_EQ(r.json()["labels"], json({{"k", "v"}}));
+    per_node[r.json()["node"]]++;
+  }
+  ASSERT_EQ(per_node.size(), 3u);
+  for (const auto& [n, count] : per_node) EXPECT_GE(count, 5) << n;
+
+  std::string source_node = nodeOfSandboxId(id);
+  ASSERT_EQ(call(http::verb::post, "/v1/fleet/nodes/" + source_node + "/drain").status, 200);
+  for (int i = 0; i < 10; ++i) {
+    auto r = call(http::verb::post, "/v1/sandboxes", R"({"snapshot":"r-1"})");
+    ASSERT_EQ(r.status, 201) << r.body;
+    EXPECT_NE(r.json()["node"], source_node);
+  }
+  for (auto& [n, node] : nodes_) node->full_ = n != "n2";
+  ASSERT_EQ(call(http::verb::post, "/v1/fleet/nodes/" + source_node + "/undrain").status, 200);
+  for (int i = 0; i < 5; ++i) {
+    auto r = call(http::verb::post, "/v1/sandboxes", R"({"snapshot":"r-1"})");
+    ASSERT_EQ(r.status, 201) << r.body;
+    EXPECT_EQ(r.json()["node"], "n2");
+  }
+
+  int restores = 0;
+  for (auto& [n, node] : nodes_) restores += node->restores_.exchange(0);
+  EXPECT_GE(restores, 45);
+  auto r = call(http::verb::post, "/v1/sandboxes", R"({"snapshot":"gone-1"})");
+  EXPECT_EQ(r.status, 404) << r.body;
+  EXPECT_NE(r.body.find("gone-1"), std::string::npos) << r.body;
+  for (const char* bad : {R"({"snapshot":"../x"})", R"({"snapshot":""})", R"({"snapshot":7})"}) {
+    r = call(http::verb::post, "/v1/sandboxes", bad);
+    EXPECT_EQ(r.status, 400) << bad << " " << r.body;
+  }
+  for (auto& [n, node] : nodes_) EXPECT_EQ(node->restores_.load(), 0) << n;
 }
 
 }  // namespace

@@ -1,7 +1,7 @@
 """The pydsec side of tests/fleet/fleet_test.sh, run inside a Slurm job (srun) of its own.
 
 fleet_client.py PHASE STATE_FILE [ARG]: create | session | check | lost NODE | after-join NODE | admission |
-failover NODE | cleanup.
+failover NODE | snapshot | cleanup.
 Exits non-zero with a message on the first failed expectation."""
 
 import json
@@ -50,6 +50,66 @@ def wait_for_file(path, seconds=120):
         time.sleep(0.01)
     with open(path) as f:
         return f.read().strip()
+
+
+def snapshot_elsewhere(client):
+    """A snapshot taken on n1 is restored on n2 from the fleet's shared snapshot store. Where a create lands is
+    steered by draining the other node at the gateway this client uses (its fleet file's first that answers)."""
+    try:
+        client.snapshots()
+    except pydsec.NotFoundError as e:
+        print(f"no snapshot routes: {e}", file=sys.stderr)
+        sys.exit(77)
+
+    def drain(node, on):
+        client._transport.call("POST", f"/v1/fleet/nodes/{node}/{'drain' if on else 'undrain'}")
+
+    name = f"fleet-{os.environ.get('DSEC_FLEET', 'x')}".lower()
+    drain("n2", True)
+    src = client.create(IMAGE, cpus=0.1, memory="64M", labels=LABELS)
+    if src.info()["node"] != "n1":
+        fail(f"with n2 drained the source landed on {src.cached_info['node']}")
+    src.write_file("/data/mark", "taken on n1\n")
+    r = src.exec("mkdir -p /data/d && echo nested > /data/d/f && rm /etc/dsec-test-image")
+    if r.exit_code != 0:
+        fail(f"{src.id}: exec gave {r.exit_code} {r.stderr!r}")
+    snap = src.snapshot(name=name)
+    if snap.node != "n1" or snap.source != src.id or snap.kind != "filesystem" or snap.bytes <= 0:
+        fail(f"snapshot object: {snap.info}")
+    src.write_file("/data/mark", "changed after the snapshot\n")
+
+    drain("n2", False)
+    drain("n1", True)
+    try:
+        restored = client.create(snapshot=name, timeout=300, labels=LABELS)
+    finally:
+        drain("n1", False)
+    node = restored.info()["node"]
+    if node != "n2":
+        fail(f"with n1 drained the restore landed on {node}")
+    got = restored.read_file("/data/mark")
+    if got != b"taken on n1\n":
+        fail(f"{restored.id} on n2: /data/mark is {got!r}, not the snapshot's")
+    r = restored.exec("cat /data/d/f; test -e /etc/dsec-test-image && echo image-file-back")
+    if r.stdout != "nested\n":
+        fail(f"{restored.id} on n2: the snapshot's tree is not there: {r.stdout!r} {r.stderr!r}")
+    print(f"snapshot {name} of {src.id} (n1, {snap.bytes} bytes) restored on n2 as {restored.id}")
+
+    copies = restored.fork(2)
+    for copy in copies:
+        if copy.info()["node"] != "n2" or copy.read_file("/data/mark") != b"taken on n1\n":
+            fail(f"fork copy {copy.id}: {copy.cached_info}")
+        copy.destroy()
+    listed = {s.name: s for s in client.snapshots()}
+    if name not in listed or client.snapshot(name).node != "n1":
+        fail(f"the gateway lists {sorted(listed)}")
+    # The fork's own snapshot was taken of a sandbox restored from ours, so it goes first (the node refuses
+    # to delete a snapshot another one stacks on).
+    for s in sorted(listed.values(), key=lambda s: s.name == name):
+        s.delete()
+    if client.snapshots():
+        fail(f"snapshots left after deleting them: {[s.name for s in client.snapshots()]}")
+    print(f"fork of the restored sandbox: {[c.id for c in copies]} on n2; snapshots listed and deleted")
 
 
 def failover(client, state_path, dead):
@@ -241,6 +301,8 @@ def main():
         if sorted(counts) != ["n1", "n2", "n3"]:
             fail(f"the 30 sandboxes landed on {sorted(counts)}, not on n1, n2 and n3")
         save(state_path, {"sandboxes": sandboxes})
+    elif phase == "snapshot":
+        snapshot_elsewhere(client)
     elif phase == "failover":
         failover(client, state_path, arg)
     elif phase == "cleanup":

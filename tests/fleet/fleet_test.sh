@@ -19,6 +19,12 @@
 #   through another gateway (the time from the kill to its first successful call is printed), n2's and n3's
 #   sandboxes exec and serve files, n1's are lost (NodeLostError), new creates land on n2 and n3, and the job
 #   keeps running.
+# `fleet_test.sh snapshot`: rollout-fleet.sbatch on 2 nodes (-N2 -c1; the fleet's snapshot store is
+#   <fleet root>/snapshots, shared by both); pydsec, with n2 drained at the gateway, makes a container sandbox on
+#   n1, writes files and snapshots it; then n1 is drained instead and n2 undrained, and a restore of the snapshot
+#   lands on n2 with the files as they were at the snapshot (not as the source has them since); a fork of the
+#   restored sandbox makes its copies on n2; listing, lookup and delete of the snapshot through the gateway.
+#   Skipped (77) when the nodes have no snapshot routes.
 # `fleet_test.sh trainer`: slurm-configs/trainer.sbatch in the preemptible partition makes sandboxes through a
 #   session and starts a background process in each; a rollout job preempts it; while it waits to be requeued
 #   its lease lapses and the fleet pauses the sandboxes; the requeued trainer attaches and finds every sandbox
@@ -104,16 +110,18 @@ launch_pid() {  # node [gateway] -> pid of that node's dsec-launch rank (or of i
     done
 }
 
-start_fleet() {  # [more sbatch arguments]
-    log "starting fleet $FLEET on 3 nodes $*"
-    local job
-    job=$(sbatch --parsable -N3 "$@" --output="$WORK/fleet.out" \
+start_fleet() {  # [more sbatch arguments]; FLEET_NODES nodes (default 3)
+    local nodes=${FLEET_NODES:-3} job want
+    want=$(for i in $(seq 1 "$nodes"); do printf 'n%s=healthy ' "$i"; done)
+    want=${want% }
+    log "starting fleet $FLEET on $nodes nodes $*"
+    job=$(sbatch --parsable -N"$nodes" "$@" --output="$WORK/fleet.out" \
         --export=ALL,DSEC_FLEET="$FLEET",DSEC_ROOT="$ROOT",DSEC_LAUNCH="$DSEC_LAUNCH" \
         "$REPO/slurm-configs/rollout-fleet.sbatch")
     JOBS+=("$job")
     wait_for 60 "the fleet file $FLEET_FILE" test -s "$FLEET_FILE"
     [ "$(stat -c %a "$FLEET_FILE")" = 600 ] || fail "the fleet file is not mode 0600"
-    wait_for 30 "3 healthy nodes" states_are "n1=healthy n2=healthy n3=healthy"
+    wait_for 30 "$nodes healthy nodes" states_are "$want"
     log "fleet up: $(node_states)"
 }
 
@@ -151,6 +159,18 @@ PY
     [ "$(echo "$steps" | grep -Ec '^step host=n[1-3]-[0-9]+\.0 pid1=dsec-sandbox-init image=dsec test image$')" = 3 ] ||
         fail "want a sandboxed step on each of the 3 nodes beside the fleet, got: $steps"
     log "srun --dsec-image steps ran beside the fleet on all 3 nodes"
+    client cleanup
+    log "PASS"
+    exit 0
+fi
+
+if [ "$CASE" = snapshot ]; then
+    FLEET_NODES=2 start_fleet --ntasks-per-node=1 -c1
+    rc=0
+    client snapshot || rc=$?
+    [ "$rc" = 77 ] && skip_test "the fleet's nodes have no snapshot routes yet"
+    [ "$rc" = 0 ] || fail "restoring a snapshot on another node failed"
+    [ -z "$(ls "$ROOT/snapshots" 2>/dev/null)" ] || fail "snapshots left in $ROOT/snapshots: $(ls "$ROOT/snapshots")"
     client cleanup
     log "PASS"
     exit 0

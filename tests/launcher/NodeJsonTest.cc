@@ -20,30 +20,10 @@ std::set<std::string> keysOf(const json& j) {
   return keys;
 }
 
-const std::set<std::string> kSandboxKeys = {"image",
-                                            "backend",
-                                            "cpus",
-                                            "memory",
-                                            "disk",
-                                            "pids",
-                                            "timeout",
-                                            "idle_timeout",
-                                            "network",
-                                            "env",
-                                            "labels",
-                                            "session",
-                                            "qos",
-                                            "snapshot",
-                                            "id",
-                                            "node",
-                                            "state",
-                                            "created",
-                                            "created_unix",
-                                            "last_active_unix",
-                                            "paused_by",
-                                            "usage",
-                                            "egress",
-                                            "protect"};
+const std::set<std::string> kSandboxKeys = {
+    "image",   "backend", "cpus",         "memory",           "disk",      "pids",     "timeout", "idle_timeout",
+    "network", "env",     "labels",       "session",          "qos",       "snapshot", "id",      "node",
+    "state",   "created", "created_unix", "last_active_unix", "paused_by", "usage",    "egress",  "protect"};
 
 SandboxInfo pausedSandbox() {
   SandboxInfo info;

@@ -16,7 +16,8 @@ rm -f "$stage.log"
 root=$stage$prefix
 
 expect=("$root/bin/dsec" "$root/libexec/dsec/dsec-sandbox-init" "$root/libexec/dsec/dsec-sandbox-spawner"
-        "$root/libexec/dsec/dsec-qos-probe" "$(under "$site_dir")/pydsec/__init__.py"
+        "$root/libexec/dsec/dsec-qos-probe" "$root/libexec/dsec/dsec-guest-agent"
+        "$root/libexec/dsec/fetch-guest-kernel.sh" "$(under "$site_dir")/pydsec/__init__.py"
         "$root/share/dsec/slurm-configs/plugstack.conf")
 [ -e "$build/launcher/dsec-launch" ] && expect+=("$root/bin/dsec-launch")
 plugin=""
@@ -27,7 +28,8 @@ fi
 for f in "${expect[@]}"; do
   [ -e "$f" ] || fail "not installed: ${f#$stage}"
 done
-for f in "$root/bin/dsec" "$root/libexec/dsec/dsec-sandbox-init" "$root/libexec/dsec/dsec-sandbox-spawner"; do
+for f in "$root/bin/dsec" "$root/libexec/dsec/dsec-sandbox-init" "$root/libexec/dsec/dsec-sandbox-spawner" \
+  "$root/libexec/dsec/dsec-guest-agent" "$root/libexec/dsec/fetch-guest-kernel.sh"; do
   [ -x "$f" ] || fail "not executable: ${f#$stage}"
 done
 if [ -n "$(find "$(under "$site_dir")/pydsec" -name '__pycache__')" ]; then fail "bytecode caches installed"; fi
@@ -53,7 +55,8 @@ hardened() {
   fi
   if grep GNU_STACK <<<"$segments" | grep -q "RWE"; then fail "${f#$stage}: executable stack"; fi
 }
-for f in "$root/bin/dsec" "$root/libexec/dsec/dsec-sandbox-init" "$root/libexec/dsec/dsec-sandbox-spawner" ${plugin:+"$plugin"}; do
+for f in "$root/bin/dsec" "$root/libexec/dsec/dsec-sandbox-init" "$root/libexec/dsec/dsec-sandbox-spawner" \
+  "$root/libexec/dsec/dsec-guest-agent" ${plugin:+"$plugin"}; do
   hardened "$f"
 done
 if [ -n "$plugin" ]; then

@@ -93,3 +93,64 @@ def test_asyncio_drives_a_microvm(dsec):
                 return r.stdout
 
     assert asyncio.run(run()) == "async\n"
+
+
+def test_microvm_snapshots_carry_processes_and_forks_diverge(dsec):
+    c = _client_with(dsec, "microvm")
+    with c.create(image=dsec.image, backend="microvm", memory="256M", timeout=600) as sb:
+        sb.write_file("/work/setup", "expensive setup")
+        sb.exec("setsid sh -c 'i=0; while true; do i=$((i+1)); echo $i > /tmp/n; sleep 0.1; done' "
+                "</dev/null >/dev/null 2>&1 &")
+        snap = sb.snapshot(processes=True)
+        try:
+            assert snap.kind == "machine" and snap.backend == "microvm"
+            assert snap.name in [s.name for s in c.snapshots()]
+            forks = sb.fork(2)
+            try:
+                assert len(forks) == 2
+                for i, f in enumerate(forks):
+                    assert f.read_file("/work/setup") == b"expensive setup"
+                    n1 = int(f.exec("cat /tmp/n").stdout)
+                    f.exec("sleep 0.5")
+                    assert int(f.exec("cat /tmp/n").stdout) > n1  # the process runs on in the copy
+                    f.write_file(f"/work/fork-{i}", "mine")
+                assert not forks[0].exists("/work/fork-1") and not forks[1].exists("/work/fork-0")
+                assert not sb.exists("/work/fork-0")
+            finally:
+                for f in forks:
+                    f.destroy()
+            with c.create(snapshot=snap, timeout=600) as restored:
+                assert restored.info()["backend"] == "microvm"
+                assert restored.read_file("/work/setup") == b"expensive setup"
+        finally:
+            for s in c.snapshots():
+                if s.source == sb.id:
+                    s.delete()
+    assert snap.name not in [s.name for s in c.snapshots()]
+
+
+def test_a_lapsed_session_pauses_and_reclaims_its_microvm_and_attach_resumes_it(dsec):
+    import time
+
+    c = _client_with(dsec, "microvm")
+    name = f"vm-session-{os.getpid()}"
+    s = c.session(name, lease=2)
+    try:
+        sb = c.create(image=dsec.image, backend="microvm", memory="256M", session=name, timeout=600)
+        sb.exec("setsid sh -c 'sleep 1000' </dev/null >/dev/null 2>&1 &")
+        sb.write_file("/work/kept", "kept\n")
+        s.close()  # the trainer is preempted: renewal stops and the lease lapses
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            info = sb.info()
+            if (info["state"], info.get("paused_by")) == ("paused", "lease"):
+                break
+            time.sleep(0.2)
+        assert (info["state"], info.get("paused_by")) == ("paused", "lease"), info
+        s = c.session(name, lease=30)
+        again = {x.id: x for x in s.attach()}
+        r = again[sb.id].exec("cat /work/kept; pidof sleep >/dev/null && echo running")
+        assert r.stdout == "kept\nrunning\n"
+        assert again[sb.id].info()["state"] == "running"
+    finally:
+        s.destroy()

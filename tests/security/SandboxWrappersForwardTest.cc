@@ -360,7 +360,8 @@ std::vector<Wrapper> wrappers() {
 }
 
 // Sandboxes of backends: they implement the operations and wrap nothing.
-const std::set<std::string> kBackendSandboxes = {"ContainerSandbox", "SimulatedSandbox", "ForwardingSandbox"};
+const std::set<std::string> kBackendSandboxes = {"ContainerSandbox", "SimulatedSandbox", "VmSandbox",
+                                                 "ForwardingSandbox"};
 
 std::string readSource(const std::string& path) {
   std::ifstream in(path);

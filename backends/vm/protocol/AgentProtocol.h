@@ -29,16 +29,16 @@ inline constexpr uint32_t kMaxStringBytes = kMaxPayload;
 
 enum class FrameType : uint16_t {
   // node -> agent
-  kHello = 1,      // HelloMsg: drop whatever an earlier peer left on this port; answered by kHelloOk
-  kSetup = 2,      // SetupMsg -> kOk | kError
-  kRestored = 3,   // RestoredMsg -> kOk | kError
-  kExec = 4,       // ExecMsg -> kStarted, kStdout/kStderr..., kExit | kError
-  kStdin = 5,      // raw bytes for the running command's stdin (or its terminal)
-  kStdinEof = 6,   // empty
-  kResize = 7,     // ResizeMsg
-  kSignal = 8,     // SignalMsg
-  kCancel = 9,     // empty: kill the running command (its kExit still comes)
-  kReadFile = 10,  // PathMsg -> kData..., kDataEof | kError
+  kHello = 1,       // HelloMsg: drop whatever an earlier peer left on this port; answered by kHelloOk
+  kSetup = 2,       // SetupMsg -> kOk | kError
+  kRestored = 3,    // RestoredMsg -> kOk | kError
+  kExec = 4,        // ExecMsg -> kStarted, kStdout/kStderr..., kExit | kError
+  kStdin = 5,       // raw bytes for the running command's stdin (or its terminal)
+  kStdinEof = 6,    // empty
+  kResize = 7,      // ResizeMsg
+  kSignal = 8,      // SignalMsg
+  kCancel = 9,      // empty: kill the running command (its kExit still comes)
+  kReadFile = 10,   // PathMsg -> kData..., kDataEof | kError
   kWriteFile = 11,  // PathMsg -> kOk (ready), then the node sends kData..., kDataEof -> kOk | kError
   kData = 12,       // raw bytes (either direction)
   kDataEof = 13,    // empty (either direction)

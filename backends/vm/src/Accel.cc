@@ -41,8 +41,10 @@ Result<AccelChoice> probeAccel(const std::string& wanted, const std::string& qem
   const std::string out = "\n" + listed->output;
   // Debian's QEMU lists TCG even when the module holding it is missing; the module dir says.
   constexpr const char* kModuleDir = "/usr/lib/x86_64-linux-gnu/qemu";
-  bool tcg_module = ::access(kModuleDir, F_OK) != 0 || ::access((std::string(kModuleDir) + "/accel-tcg-x86_64.so").c_str(), F_OK) == 0;
-  bool has_tcg = tcg_module && out.find("\ntcg\n") != std::string::npos, has_kvm = out.find("\nkvm\n") != std::string::npos;
+  bool tcg_module = ::access(kModuleDir, F_OK) != 0 ||
+                    ::access((std::string(kModuleDir) + "/accel-tcg-x86_64.so").c_str(), F_OK) == 0;
+  bool has_tcg = tcg_module && out.find("\ntcg\n") != std::string::npos,
+       has_kvm = out.find("\nkvm\n") != std::string::npos;
   std::string kvm_problem = has_kvm ? kvmProblem() : "this QEMU has no KVM accelerator";
   if (wanted == "kvm") {
     if (!kvm_problem.empty()) return Error(ErrorCode::kUnsupported, "KVM asked for, but " + kvm_problem);
@@ -50,8 +52,9 @@ Result<AccelChoice> probeAccel(const std::string& wanted, const std::string& qem
   }
   if (wanted == "auto" && kvm_problem.empty()) return AccelChoice{"kvm", ""};
   if (!has_tcg) {
-    return Error(ErrorCode::kUnsupported, qemu + " has no TCG accelerator (Debian ships it in qemu-system-x86's "
-                                                 "modules: accel-tcg-x86_64.so)" +
+    return Error(ErrorCode::kUnsupported, qemu +
+                                              " has no TCG accelerator (Debian ships it in qemu-system-x86's "
+                                              "modules: accel-tcg-x86_64.so)" +
                                               (kvm_problem.empty() ? "" : ", and " + kvm_problem));
   }
   if (wanted == "tcg") return AccelChoice{"tcg", "TCG (asked for): guests run translated, several times slower"};

@@ -238,10 +238,15 @@ class ChannelImpl : public AgentChannel {
     DSEC_ASSIGN_OR_RETURN(auto lease, acquire(deadline));
     DSEC_ASSIGN_OR_RETURN(uint32_t req, start(*lease, proto::FrameType::kStat, m, deadline));
     DSEC_ASSIGN_OR_RETURN(proto::Frame f, readReply(lease->port(), req, deadline));
-    lease->finish();
-    if (f.type == proto::FrameType::kError) return guestError(f);
+    if (f.type == proto::FrameType::kError) {
+      lease->finish();
+      return guestError(f);
+    }
     proto::StatEntry e;
-    if (f.type != proto::FrameType::kStatReply || !e.decode(f.payload)) return protocolError(*lease, "stat reply");
+    if (f.type != proto::FrameType::kStatReply || !e.decode(f.payload) || e.name.empty()) {
+      return protocolError(*lease, "stat reply");
+    }
+    lease->finish();
     return toFileStat(e);
   }
 
@@ -266,8 +271,8 @@ class ChannelImpl : public AgentChannel {
         return protocolError(*lease, "directory entries");
       }
       if (out.size() + batch.entries.size() > kMaxDirEntries) {
-        return Error(ErrorCode::kResourceExhausted, "listDir " + path + ": more than " +
-                                                        std::to_string(kMaxDirEntries) + " entries");
+        return Error(ErrorCode::kResourceExhausted,
+                     "listDir " + path + ": more than " + std::to_string(kMaxDirEntries) + " entries");
       }
       for (const auto& e : batch.entries) {
         if (e.name.empty() || e.name.find('/') != std::string::npos || e.name == "." || e.name == "..") {
@@ -292,10 +297,13 @@ class ChannelImpl : public AgentChannel {
     uint32_t req = lease->port().next_request++;
     DSEC_TRY(sendFrame(lease->port(), proto::encodeFrame(proto::FrameType::kUsage, req, {}), deadline));
     DSEC_ASSIGN_OR_RETURN(proto::Frame f, readReply(lease->port(), req, deadline));
-    lease->finish();
-    if (f.type == proto::FrameType::kError) return guestError(f);
+    if (f.type == proto::FrameType::kError) {
+      lease->finish();
+      return guestError(f);
+    }
     proto::UsageMsg m;
     if (f.type != proto::FrameType::kUsageReply || !m.decode(f.payload)) return protocolError(*lease, "usage reply");
+    lease->finish();
     return GuestUsage{m.memory_used, m.pids};
   }
 
@@ -368,8 +376,8 @@ class ChannelImpl : public AgentChannel {
       int64_t nonce = static_cast<int64_t>(++nonce_);
       uint32_t req = chosen->next_request++;
       Deadline resync = deadline.min(Deadline::in(kResyncSeconds));
-      Status said = sendFrame(*chosen, proto::encodeFrame(proto::FrameType::kHello, req, proto::HelloMsg{nonce}.encode()),
-                              resync);
+      Status said = sendFrame(
+          *chosen, proto::encodeFrame(proto::FrameType::kHello, req, proto::HelloMsg{nonce}.encode()), resync);
       if (said.ok()) said = awaitHello(*chosen, req, nonce, resync);
       if (said.ok()) {
         std::lock_guard lock(mu_);
@@ -518,16 +526,15 @@ class ExecRun {
   Result<ExecResult> run() {
     if (request_.argv.empty() || request_.argv[0].empty()) return Error::invalid("exec: empty argv");
     if (request_.tty && !request_.stdin_data.empty()) return Error::invalid("exec: stdin data with a terminal");
-    if (request_.tty && (request_.tty_rows < 1 || request_.tty_rows > 10000 || request_.tty_cols < 1 ||
-                         request_.tty_cols > 10000)) {
+    if (request_.tty &&
+        (request_.tty_rows < 1 || request_.tty_rows > 10000 || request_.tty_cols < 1 || request_.tty_cols > 10000)) {
       return Error::invalid("exec: terminal size out of range");
     }
     auto t0 = Clock::now();
-    deadline_ = request_.timeout_seconds > 0 ? Deadline::in(request_.timeout_seconds + kExecMarginSeconds)
-                                             : Deadline::never();
-    DSEC_ASSIGN_OR_RETURN(lease_, channel_.acquirePort(request_.timeout_seconds > 0
-                                                           ? deadline_
-                                                           : Deadline::in(kPortWaitSeconds)));
+    deadline_ =
+        request_.timeout_seconds > 0 ? Deadline::in(request_.timeout_seconds + kExecMarginSeconds) : Deadline::never();
+    DSEC_ASSIGN_OR_RETURN(
+        lease_, channel_.acquirePort(request_.timeout_seconds > 0 ? deadline_ : Deadline::in(kPortWaitSeconds)));
     PortConn& port = lease_->port();
     proto::ExecMsg m;
     m.argv = request_.argv;
@@ -536,7 +543,8 @@ class ExecRun {
     m.tty = request_.tty;
     m.rows = static_cast<uint32_t>(request_.tty ? request_.tty_rows : 24);
     m.cols = static_cast<uint32_t>(request_.tty ? request_.tty_cols : 80);
-    m.timeout_ms = request_.timeout_seconds > 0 ? std::max<int64_t>(1, static_cast<int64_t>(request_.timeout_seconds * 1000)) : 0;
+    m.timeout_ms =
+        request_.timeout_seconds > 0 ? std::max<int64_t>(1, static_cast<int64_t>(request_.timeout_seconds * 1000)) : 0;
     m.output_cap = std::max<int64_t>(0, request_.output_cap);
     if (request_.stdin_fd >= 0) {
       m.stdin_stream = true;
@@ -603,7 +611,8 @@ class ExecRun {
                        std::string("agent protocol error: ") + proto::headerErrorName(port.parser.error()));
         }
         if (st == proto::FrameParser::Status::kNeedMore) break;
-        if (f.request != req_) return Error(ErrorCode::kUnavailable, "agent protocol error: a frame of another request");
+        if (f.request != req_)
+          return Error(ErrorCode::kUnavailable, "agent protocol error: a frame of another request");
         bool done = false;
         DSEC_TRY(onFrame(f, &done));
         if (done) {
@@ -738,7 +747,8 @@ Status ChannelImpl::writeFile(const std::string& path, uint32_t mode, int in_fd)
   auto idle = [&] { return total.min(Deadline::in(kFileIdleSeconds)); };
   DSEC_ASSIGN_OR_RETURN(auto lease, acquire(Deadline::in(kPortWaitSeconds)));
   PortConn& port = lease->port();
-  DSEC_ASSIGN_OR_RETURN(uint32_t req, start(*lease, proto::FrameType::kWriteFile, proto::PathMsg{path, mode, false}, idle()));
+  DSEC_ASSIGN_OR_RETURN(uint32_t req,
+                        start(*lease, proto::FrameType::kWriteFile, proto::PathMsg{path, mode, false}, idle()));
   DSEC_ASSIGN_OR_RETURN(proto::Frame ready, readReply(port, req, idle()));
   if (ready.type == proto::FrameType::kError) {
     lease->finish();
@@ -751,8 +761,8 @@ Status ChannelImpl::writeFile(const std::string& path, uint32_t mode, int in_fd)
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) return Error::sys(errno, "writeFile " + path + ": reading in");  // the port stays dirty
     if (n == 0) break;
-    DSEC_TRY(sendFrame(port, proto::encodeFrame(proto::FrameType::kData, req, std::string_view(buf, static_cast<size_t>(n))),
-                       idle()));
+    DSEC_TRY(sendFrame(
+        port, proto::encodeFrame(proto::FrameType::kData, req, std::string_view(buf, static_cast<size_t>(n))), idle()));
     if (total.expired()) return Error(ErrorCode::kTimeout, "writeFile " + path + ": took too long");
   }
   DSEC_TRY(sendFrame(port, proto::encodeFrame(proto::FrameType::kDataEof, req, {}), idle()));

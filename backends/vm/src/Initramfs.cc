@@ -28,8 +28,8 @@ class CpioWriter {
   Status add(const std::string& name, uint32_t mode, const std::string& data, uint32_t rdev_major = 0,
              uint32_t rdev_minor = 0) {
     char header[111];
-    snprintf(header, sizeof header, "070701%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X", next_ino_++, mode,
-             0u, 0u, S_ISDIR(mode) ? 2u : 1u, 0u, static_cast<uint32_t>(data.size()), 0u, 0u, rdev_major, rdev_minor,
+    snprintf(header, sizeof header, "070701%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X", next_ino_++, mode, 0u,
+             0u, S_ISDIR(mode) ? 2u : 1u, 0u, static_cast<uint32_t>(data.size()), 0u, 0u, rdev_major, rdev_minor,
              static_cast<uint32_t>(name.size() + 1), 0u);
     std::string out(header, 110);
     out += name;

@@ -66,8 +66,8 @@ std::vector<std::string> qemuArgv(const QemuConfig& c) {
   if (!c.console_log.empty()) a.insert(a.end(), {"-serial", "file:" + c.console_log});
   for (size_t i = 0; i < c.layer_files.size(); ++i) {
     std::string id = "layer" + std::to_string(i);
-    a.insert(a.end(), {"-drive", "file=" + c.layer_files[i] + ",format=raw,if=none,readonly=on,id=" + id,
-                       "-device", "virtio-blk-" + bus + ",drive=" + id + ",serial=dsec-layer-" + std::to_string(i)});
+    a.insert(a.end(), {"-drive", "file=" + c.layer_files[i] + ",format=raw,if=none,readonly=on,id=" + id, "-device",
+                       "virtio-blk-" + bus + ",drive=" + id + ",serial=dsec-layer-" + std::to_string(i)});
   }
   a.insert(a.end(), {"-device", "virtio-serial-" + bus + ",max_ports=" + std::to_string(kAgentPorts + 1)});
   for (int p = 0; p < kAgentPorts; ++p) {

@@ -15,17 +15,17 @@ struct QemuConfig {
   std::string qemu = "qemu-system-x86_64";
   std::string accel = "tcg";
   int cpus = 1;
-  int64_t memory_bytes = 0;   // guest RAM
-  std::string ram_path;       // its file
-  bool ram_shared = true;     // false: a restore's private (copy-on-write) mapping of a snapshot's RAM
-  std::string kernel;         // the PVH vmlinux
+  int64_t memory_bytes = 0;  // guest RAM
+  std::string ram_path;      // its file
+  bool ram_shared = true;    // false: a restore's private (copy-on-write) mapping of a snapshot's RAM
+  std::string kernel;        // the PVH vmlinux
   std::string initrd;
-  int64_t tsc_khz = 0;        // TCG: the guest's TSC rate (the host's), so it need not calibrate
+  int64_t tsc_khz = 0;  // TCG: the guest's TSC rate (the host's), so it need not calibrate
   std::vector<std::string> layer_files;
-  std::string run_dir;        // qmp.sock and the ports' p<N>.sock
-  uint32_t run_as = 0;        // uid and gid QEMU drops to (0: stays root; only tests)
-  bool incoming = false;      // -incoming defer (a restore)
-  std::string console_log;    // "" : no console
+  std::string run_dir;      // qmp.sock and the ports' p<N>.sock
+  uint32_t run_as = 0;      // uid and gid QEMU drops to (0: stays root; only tests)
+  bool incoming = false;    // -incoming defer (a restore)
+  std::string console_log;  // "" : no console
 };
 
 std::vector<std::string> qemuArgv(const QemuConfig& config);

@@ -1,3 +1,5 @@
+#include "dsec/backends/vm/VmBackend.h"
+
 #include <fcntl.h>
 #include <sys/random.h>
 #include <sys/stat.h>
@@ -11,7 +13,6 @@
 #include "VmSandbox.h"
 #include "VmSnapshotFiles.h"
 #include "dsec/backends/vm/Initramfs.h"
-#include "dsec/backends/vm/VmBackend.h"
 #include "dsec/common/Directory.h"
 #include "dsec/common/Logging.h"
 #include "dsec/common/Process.h"
@@ -53,7 +54,8 @@ Status validateSpec(const SandboxSpec& spec, const std::string& kind) {
   if (spec.id.empty()) return Error::invalid("sandbox without an id");
   if (spec.lower_files.empty()) return Error::invalid(kind + " sandbox needs at least one layer file");
   if (spec.network != NetworkMode::kNone) {
-    return Error(ErrorCode::kUnsupported, kind + " sandboxes have no network yet: use the container backend for egress");
+    return Error(ErrorCode::kUnsupported,
+                 kind + " sandboxes have no network yet: use the container backend for egress");
   }
   if (!spec.protected_paths.empty()) {
     return Error(ErrorCode::kUnsupported, "protected paths are not available in " + kind + " sandboxes");
@@ -82,7 +84,8 @@ class VmBackend : public Backend {
     DSEC_TRY(validateSpec(spec, name()));
     Boot boot;
     boot.memory_bytes = spec.memory_bytes > 0 ? spec.memory_bytes : shared_->options.default_memory_bytes;
-    if (boot.memory_bytes < kMinMemoryBytes) return Error::invalid(name() + " sandboxes need at least 128 MiB of memory");
+    if (boot.memory_bytes < kMinMemoryBytes)
+      return Error::invalid(name() + " sandboxes need at least 128 MiB of memory");
     boot.cpus = std::max(1, static_cast<int>(std::ceil(spec.cpus)));
     auto made = start(spec, boot);
     if (!made.ok()) return made.error().wrap("create sandbox " + spec.id);
@@ -145,9 +148,9 @@ class VmBackend : public Backend {
         DSEC_ASSIGN_OR_RETURN(auto ports, connectPorts(m.run_dir, 10));
         DSEC_ASSIGN_OR_RETURN(channel, AgentChannel::connect(std::move(ports), 30));
       }
-      return std::unique_ptr<Sandbox>(std::make_unique<VmSandbox>(
-          shared_, std::move(spec), std::move(m), std::move(qmp), std::move(channel),
-          running ? SandboxState::kRunning : SandboxState::kPaused));
+      return std::unique_ptr<Sandbox>(
+          std::make_unique<VmSandbox>(shared_, std::move(spec), std::move(m), std::move(qmp), std::move(channel),
+                                      running ? SandboxState::kRunning : SandboxState::kPaused));
     } catch (const nlohmann::json::exception& e) {
       return Error::notFound(std::string("unreadable ") + name() + " state: " + e.what());
     }
@@ -200,7 +203,7 @@ class VmBackend : public Backend {
     VmMachine m;
     m.memory_bytes = boot.memory_bytes;
     m.cpus = boot.cpus;
-    m.ram_shared = !boot.snapshot_ram;
+    m.ram_shared = boot.snapshot_dir.empty();
     // Whatever step fails, nothing is left: the machine's teardown kills QEMU and removes the cgroup and run dir.
     struct Undo {
       VmMachine* m;
@@ -247,13 +250,17 @@ class VmBackend : public Backend {
       c.ram_path = boot.snapshot_dir + "/" + kSnapshotRamFile;  // mapped privately: forks share its pages
       c.ram_shared = false;
     } else {
+      // A cold boot's RAM is a file of its own, shared with QEMU (its snapshots copy it). A restore whose RAM comes
+      // in the state stream maps its file privately instead: the stream was written with x-ignore-shared, so a
+      // shared block would be skipped and refuse the pages it carries.
+      c.ram_shared = boot.snapshot_dir.empty();
       c.ram_path = m.run_dir + "/ram";
       UniqueFd ram(::open(c.ram_path.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600));
       if (!ram) return Error::sys(errno, "create the RAM file");
       if (::ftruncate(ram.get(), boot.memory_bytes) != 0) return Error::sys(errno, "size the RAM file");
     }
-    DSEC_ASSIGN_OR_RETURN(auto launched,
-                          launchQemu(qemuArgv(c), m.cgroup->procsFiles(), lease_fd.get(), m.run_dir + "/qemu.log", !c.ram_shared));
+    DSEC_ASSIGN_OR_RETURN(auto launched, launchQemu(qemuArgv(c), m.cgroup->procsFiles(), lease_fd.get(),
+                                                    m.run_dir + "/qemu.log", !c.ram_shared));
     lease_fd.reset();
     m.pid = launched.pid;
     m.pidfd = std::move(launched.pidfd);
@@ -267,7 +274,12 @@ class VmBackend : public Backend {
       }
       return e;
     };
-    auto qmp = QmpClient::connect(monitorSocketPath(m.run_dir), 30);
+    // QEMU makes its monitor socket early; one that exits first (a bad drive, a bad option) fails the create now.
+    Result<QmpClient> qmp = Error(ErrorCode::kTimeout, "QEMU's monitor did not come up in 30 s");
+    for (const double deadline = monotonicSeconds() + 30; monotonicSeconds() < deadline;) {
+      qmp = QmpClient::connect(monitorSocketPath(m.run_dir), 0.25);
+      if (qmp.ok() || waitExited(m.pidfd.get(), 0)) break;
+    }
     if (!qmp.ok()) return qemuFailed(qmp.error());
     const bool restoring = !boot.snapshot_dir.empty();
     if (restoring) {
@@ -275,7 +287,8 @@ class VmBackend : public Backend {
     }
     auto ports = connectPorts(m.run_dir, 30);
     if (!ports.ok()) return qemuFailed(ports.error());
-    auto channel = AgentChannel::connect(std::move(ports).value(), restoring ? 30 : shared_->options.boot_timeout_seconds);
+    auto channel =
+        AgentChannel::connect(std::move(ports).value(), restoring ? 30 : shared_->options.boot_timeout_seconds);
     if (!channel.ok()) return qemuFailed(channel.error().wrap("waiting for the guest agent"));
     if (restoring) {
       GuestRestored r;
@@ -325,8 +338,8 @@ Result<std::unique_ptr<Backend>> makeVmBackend(const VmBackendOptions& options) 
   }
   shared->kernel = kernel_dir + "/vmlinux";
   if (::access(shared->kernel.c_str(), R_OK) != 0) {
-    return Error(ErrorCode::kUnsupported, "no guest kernel at " + shared->kernel +
-                                              " (tests/install-deps.sh fetches it; or --vm-kernel-dir)");
+    return Error(ErrorCode::kUnsupported,
+                 "no guest kernel at " + shared->kernel + " (tests/install-deps.sh fetches it; or --vm-kernel-dir)");
   }
   std::string agent = options.agent_path;
   if (agent.empty()) {

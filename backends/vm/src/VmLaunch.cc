@@ -11,8 +11,8 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstddef>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 
 #include "dsec/common/Process.h"
@@ -100,8 +100,8 @@ Result<LaunchedQemu> launchQemu(const std::vector<std::string>& argv, const std:
   ssize_t n = ::read(err_r.get(), msg, sizeof(msg));
   if (n == sizeof(msg)) {
     ::waitpid(pid, nullptr, 0);
-    static const char* const kSteps[] = {"child", "setsid", "open cgroup", "join cgroup", "no_new_privs",
-                                         "pdeath", "stdio", "lease fd",    "lease fd"};
+    static const char* const kSteps[] = {"child",  "setsid", "open cgroup", "join cgroup", "no_new_privs",
+                                         "pdeath", "stdio",  "lease fd",    "lease fd"};
     std::string step = msg[0] == 9    ? "exec " + argv[0]
                        : msg[0] == 10 ? std::string("seccomp")
                                       : kSteps[msg[0] > 0 && msg[0] < 9 ? msg[0] : 0];

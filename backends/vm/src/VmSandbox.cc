@@ -99,9 +99,7 @@ VmSandbox::~VmSandbox() {
   }
 }
 
-Status VmSandbox::stopped() const {
-  return Error(ErrorCode::kConflict, "sandbox " + spec_.id + " was destroyed");
-}
+Status VmSandbox::stopped() const { return Error(ErrorCode::kConflict, "sandbox " + spec_.id + " was destroyed"); }
 
 Result<AgentChannel*> VmSandbox::channel() {
   if (state_.load() == SandboxState::kStopped) return stopped().error();
@@ -154,12 +152,13 @@ Result<LongRunningProcess> VmSandbox::spawn(const ExecRequest&) {
 
 Status VmSandbox::setMemoryLimit(int64_t bytes) {
   if (bytes == machine_.memory_bytes) return okStatus();
-  return Error(ErrorCode::kUnsupported, "a " + backendName() + " sandbox's memory is its machine's RAM, fixed at create");
+  return Error(ErrorCode::kUnsupported,
+               "a " + backendName() + " sandbox's memory is its machine's RAM, fixed at create");
 }
 
 Status VmSandbox::setEgress(const EgressPolicy&) {
-  return Error(ErrorCode::kConflict, "sandbox " + spec_.id + " has no network (" + backendName() +
-                                         " sandboxes have none yet)");
+  return Error(ErrorCode::kConflict,
+               "sandbox " + spec_.id + " has no network (" + backendName() + " sandboxes have none yet)");
 }
 
 Status VmSandbox::setProtectedPaths(const std::vector<std::string>& paths) {

@@ -39,12 +39,8 @@ Result<VmSnapshotInfo> readSnapshotInfo(const std::string& dir) {
 }
 
 Status writeSnapshotInfo(const std::string& dir, const VmSnapshotInfo& info) {
-  nlohmann::json j{{"format", 1},
-                   {"kind", info.kind},
-                   {"memory_bytes", info.memory_bytes},
-                   {"cpus", info.cpus},
-                   {"layers", info.layers},
-                   {"ram_file", info.ram_file}};
+  nlohmann::json j{{"format", 1},       {"kind", info.kind},     {"memory_bytes", info.memory_bytes},
+                   {"cpus", info.cpus}, {"layers", info.layers}, {"ram_file", info.ram_file}};
   return writeFileAtomic(dir + "/" + kSnapshotInfoFile, j.dump(2) + "\n", 0600);
 }
 

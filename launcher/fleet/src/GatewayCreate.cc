@@ -1,5 +1,6 @@
 // The gateway's creates: placed by the ClusterPlacer, tried on the chosen node, and placed again elsewhere while
-// nodes refuse or fail, up to max_place_attempts.
+// nodes refuse or fail, up to max_place_attempts. Restores from a snapshot are placed the same way
+// (GatewaySnapshots.cc).
 #include <algorithm>
 
 #include "GatewayInternal.h"
@@ -95,9 +96,14 @@ void Gateway::createSandbox(HttpExchange& ex) {
   // The node's own validation and defaults (CreateParams): what fails here would fail on every node.
   auto body = parseJsonObject(*raw);
   if (!body.ok()) return sendError(ex, body.error());
+  if (body->contains("snapshot")) return restoreSandbox(ex, *raw, *body);  // GatewaySnapshots.cc
   auto params = parseCreateRequest(*body, /*node_memory_bytes=*/0);
   if (!params.ok()) return sendError(ex, params.error());
-  const placement::ClusterRequest request = placementRequest(*params);
+  placeCreate(ex, *raw, placementRequest(*params), params->session);
+}
+
+void Gateway::placeCreate(HttpExchange& ex, const std::string& raw, const placement::ClusterRequest& request,
+                          const std::string& session) {
   std::vector<placement::NodeId> exclude;
   std::string last_refusal;
   for (int attempt = 0; attempt < options_.max_place_attempts; ++attempt) {
@@ -115,7 +121,7 @@ void Gateway::createSandbox(HttpExchange& ex) {
       exclude.push_back(ticket->node);
       continue;
     }
-    auto reply = createOnNode(*ref, *raw, params->session);
+    auto reply = createOnNode(*ref, raw, session);
     if (!reply.ok() || reply->status == 429) {
       placer_.confirm(*ticket, false);
       exclude.push_back(ticket->node);

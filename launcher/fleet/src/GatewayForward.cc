@@ -191,7 +191,7 @@ void Gateway::handleSessions(HttpExchange& ex, const std::vector<std::string>& s
 }
 
 void Gateway::forwardToAny(HttpExchange& ex) {
-  // Layers live in the shared store: any live node answers for the fleet.
+  // Layers and snapshots live in stores every node shares: any live node answers for the fleet.
   for (const auto& n : liveNodes()) {
     auto st = fleet::forward(ex, n.endpoint, options_.token, callOptions(n, 30000));
     if (st.ok() || ex.responded()) return;

@@ -33,8 +33,9 @@ enum Route {
   kRunCode,
   kListSandboxes,
   kCreateSandbox,
-  kSandbox,   // anything under /v1/sandboxes/<id>/: forwarded to the sandbox's node
-  kSessions,  // /v1/sessions and below: fanned out to every node
+  kSandbox,    // anything under /v1/sandboxes/<id>/ (snapshot and fork too): forwarded to the sandbox's node
+  kSessions,   // /v1/sessions and below: fanned out to every node
+  kSnapshots,  // /v1/snapshots and /v1/snapshots/<name>: the shared snapshot store, through any live node
   kListNodes,
   kRegisterNode,
   kGetNode,
@@ -57,6 +58,8 @@ const RouteTable& gatewayRoutes() {
         .addAnyMethod("/v1/sandboxes/**", kSandbox)
         .addAnyMethod("/v1/sessions", kSessions)
         .addAnyMethod("/v1/sessions/**", kSessions)
+        .add("/v1/snapshots", {{V::get, kSnapshots}})
+        .add("/v1/snapshots/*", {{V::get, kSnapshots}, {V::delete_, kSnapshots}})
         .add("/v1/fleet/nodes", {{V::get, kListNodes}, {V::post, kRegisterNode}})
         .add("/v1/fleet/nodes/*", {{V::get, kGetNode}, {V::delete_, kRemoveNode}})
         .add("/v1/fleet/nodes/*/drain", {{V::post, kDrainNode}})
@@ -127,6 +130,7 @@ void Gateway::dispatch(HttpExchange& ex, const TableMatch& m) {
     case kNodeInfo:
       return fleetNodeInfo(ex);
     case kLayers:
+    case kSnapshots:
       return forwardToAny(ex);
     case kCall:
       return forwardCall(ex);

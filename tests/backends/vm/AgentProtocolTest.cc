@@ -1,7 +1,7 @@
 // The wire format (backends/vm/protocol/AgentProtocol.h): round trips, and what a hostile peer's bytes come to.
-#include "AgentProtocol.h"
-
 #include <gtest/gtest.h>
+
+#include "AgentProtocol.h"
 
 namespace dsec::vm::protocol {
 namespace {
@@ -150,7 +150,7 @@ TEST(AgentProtocolTest, OutOfRangeFieldsFailToDecode) {
   ExecMsg x;
   x.argv = {};
   EXPECT_FALSE(ExecMsg().decode(x.encode()));  // no argv
-  PathMsg p{"a\0b", 0, false};
+  PathMsg p;
   p.path = std::string("a\0b", 3);
   EXPECT_FALSE(PathMsg().decode(p.encode()));
 }

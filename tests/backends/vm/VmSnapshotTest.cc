@@ -15,8 +15,14 @@ namespace {
 class VmSnapshotTest : public VmTest {};
 
 TEST_F(VmSnapshotTest, ForksCarryFilesAndRunningProcessesAndThenDiverge) {
-  auto& parent = create();
+  auto parent_spec = makeSpec();
+  parent_spec.disk_bytes = 96ll << 20;
+  auto& parent = create(parent_spec);
   sh(parent, "echo 'set up before the snapshot' > /work/state");
+  // 48 MiB of random bytes in the upper (guest RAM): pages a copy will free later.
+  sh(parent, "dd if=/dev/urandom of=/work/payload bs=1M count=48 2>/dev/null");
+  const std::string payload_sum = sh(parent, "md5sum < /work/payload").stdout_data;
+  ASSERT_EQ(payload_sum.size(), 36u) << payload_sum;
   // A process with a counter in memory: it keeps counting in every copy.
   sh(parent,
      "setsid sh -c 'i=0; while true; do i=$((i+1)); echo $i > /tmp/counter; sleep 0.1; done' "
@@ -54,9 +60,19 @@ TEST_F(VmSnapshotTest, ForksCarryFilesAndRunningProcessesAndThenDiverge) {
   }
   EXPECT_EQ(randoms.size(), forks.size()) << "forks share their random state";
   // Divergence: no copy sees another's writes, and the parent sees none.
-  EXPECT_EQ(sh(*forks[0], "ls /work").stdout_data, "fork-0\nstate\n");
-  EXPECT_EQ(sh(*forks[1], "ls /work").stdout_data, "fork-1\nstate\n");
-  EXPECT_EQ(sh(parent, "ls /work").stdout_data, "state\n");
+  EXPECT_EQ(sh(*forks[0], "ls /work").stdout_data, "fork-0\npayload\nstate\n");
+  EXPECT_EQ(sh(*forks[1], "ls /work").stdout_data, "fork-1\npayload\nstate\n");
+  EXPECT_EQ(sh(parent, "ls /work").stdout_data, "payload\nstate\n");
+
+  // Memory a copy frees goes back to the host without touching the snapshot: a copy drops the pages of a file the
+  // parent wrote before the snapshot, free page reporting hands them back, and a new restore still reads them.
+  sh(*forks[0], "rm /work/payload; sync; echo 3 > /proc/sys/vm/drop_caches");
+  ASSERT_OK(forks[0]->reclaimMemory());
+  std::this_thread::sleep_for(std::chrono::seconds(5));
+  auto late = backend_->restore(makeSpec(), snap.path());
+  ASSERT_OK(late);
+  auto& third = adopt(std::move(late).value());
+  EXPECT_EQ(sh(third, "md5sum < /work/payload").stdout_data, payload_sum);
 
   // A copy can itself be snapshotted and restored (its RAM then travels in the state stream).
   TempDir second;

@@ -16,11 +16,11 @@
 namespace dsec::testing {
 namespace {
 
-constexpr const char* kApplets[] = {"sh",   "ls",     "cat",  "echo",  "sleep", "dd",    "ps",    "hostname",
-                                    "id",   "env",    "true", "false", "head",  "tail",  "wc",    "touch",
-                                    "mkdir", "rm",    "grep", "sed",   "kill",  "seq",   "cut",   "tr",
-                                    "test", "uname",  "stat", "find",  "pidof", "date",  "ip",    "md5sum",
-                                    "setsid", "free", "df",   "mount", "yes",   "printf", "nproc", "sync"};
+constexpr const char* kApplets[] = {"sh",     "ls",    "cat",  "echo",  "sleep", "dd",     "ps",    "hostname",
+                                    "id",     "env",   "true", "false", "head",  "tail",   "wc",    "touch",
+                                    "mkdir",  "rm",    "grep", "sed",   "kill",  "seq",    "cut",   "tr",
+                                    "test",   "uname", "stat", "find",  "pidof", "date",   "ip",    "md5sum",
+                                    "setsid", "free",  "df",   "mount", "yes",   "printf", "nproc", "sync"};
 
 struct LayerHolder {
   VmTestLayer layer;
@@ -158,8 +158,8 @@ backends::ExecResult VmTest::sh(backends::Sandbox& sb, const std::string& cmd, d
 
 std::vector<std::string> VmTest::leftoversOf(const std::string& id) const {
   std::vector<std::string> found;
-  std::string run = std::string("/dev/shm/dsec-vm/") + kVmTestCgroupParent + "/" + backends::backendKindName(kind()) +
-                    "/" + id;
+  std::string run =
+      std::string("/dev/shm/dsec-vm/") + kVmTestCgroupParent + "/" + backends::backendKindName(kind()) + "/" + id;
   if (::access(run.c_str(), F_OK) == 0) found.push_back(run);
   DIR* d = ::opendir("/sys/fs/cgroup");
   if (d == nullptr) return found;

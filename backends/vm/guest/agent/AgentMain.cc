@@ -239,7 +239,7 @@ int main() {
     clock_gettime(CLOCK_MONOTONIC, &now);
     long since = now.tv_sec - start.tv_sec;
     scanPorts(served);
-    timespec wait{0, (since < 10 ? 20 : 500) * 1000 * 1000L};
+    timespec wait{0, (since < 10 ? 20L : 500L) * 1000L * 1000L};
     sigtimedwait(&chld, nullptr, &wait);
     Reaper::instance().reapAll();
   }

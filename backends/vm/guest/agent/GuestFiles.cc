@@ -95,7 +95,8 @@ int makeParents(const std::string& path) {
       splitPath(prefix, &up, &leaf);
       Fd updir(openInRoot(up, O_PATH | O_DIRECTORY));
       if (updir.fd < 0) return errno;
-      if (leaf.empty() || (mkdirat(updir.fd, leaf.c_str(), 0755) != 0 && errno != EEXIST)) return errno ? errno : EINVAL;
+      if (leaf.empty() || (mkdirat(updir.fd, leaf.c_str(), 0755) != 0 && errno != EEXIST))
+        return errno ? errno : EINVAL;
     }
     pos = next;
   }
@@ -107,7 +108,7 @@ int removeTree(int parent_fd, const char* name, dev_t dev) {
   if (errno != EISDIR && errno != EPERM) return errno;
   Fd dir(openat(parent_fd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
   if (dir.fd < 0) return errno;
-  struct stat st{};
+  struct stat st {};
   if (fstat(dir.fd, &st) != 0) return errno;
   if (st.st_dev != dev) return EBUSY;  // a mount point inside the sandbox (its /proc, /dev): left alone
   int dupfd = dup(dir.fd);
@@ -137,7 +138,7 @@ void handleReadFile(Port& port, const proto::Frame& frame) {
     port.sendError(frame.request, errno, msg.path + ": " + strerror(errno));
     return;
   }
-  struct stat st{};
+  struct stat st {};
   if (fstat(fd.fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     port.sendError(frame.request, S_ISDIR(st.st_mode) ? EISDIR : EINVAL, msg.path + ": not a regular file");
     return;
@@ -206,7 +207,7 @@ void handleStat(Port& port, const proto::Frame& frame) {
   if (!decodePath(port, frame, &msg)) return;
   std::string parent, name;
   splitPath(msg.path, &parent, &name);
-  struct stat st{};
+  struct stat st {};
   int rc;
   if (name.empty()) {
     Fd fd(openInRoot(msg.path, O_PATH));
@@ -242,7 +243,7 @@ void handleListDir(Port& port, const proto::Frame& frame) {
   bool ok = true;
   while (dirent* e = readdir(d)) {
     if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
-    struct stat st{};
+    struct stat st {};
     if (fstatat(dirfd.fd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) continue;  // removed meanwhile
     batch.entries.push_back(entryOf(e->d_name, st));
     bytes += strlen(e->d_name) + 32;
@@ -273,12 +274,14 @@ void handleRemove(Port& port, const proto::Frame& frame) {
   if (dir.fd < 0) {
     err = errno;
   } else if (msg.recursive) {
-    struct stat st{};
+    struct stat st {};
     err = fstat(dir.fd, &st) != 0 ? errno : removeTree(dir.fd, name.c_str(), st.st_dev);
   } else if (unlinkat(dir.fd, name.c_str(), 0) != 0) {
     err = errno;
-    if ((err == EISDIR || err == EPERM) && unlinkat(dir.fd, name.c_str(), AT_REMOVEDIR) == 0) err = 0;
-    else if (err == EISDIR || err == EPERM) err = errno;
+    if ((err == EISDIR || err == EPERM) && unlinkat(dir.fd, name.c_str(), AT_REMOVEDIR) == 0)
+      err = 0;
+    else if (err == EISDIR || err == EPERM)
+      err = errno;
   }
   if (err != 0) {
     port.sendError(frame.request, err, msg.path + ": " + strerror(err));

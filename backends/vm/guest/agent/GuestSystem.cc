@@ -63,7 +63,7 @@ int mountAt(const std::string& source, const std::string& target, const char* ty
 }
 
 int64_t memTotalBytes() {
-  struct sysinfo si{};
+  struct sysinfo si {};
   if (sysinfo(&si) != 0) return 0;
   return static_cast<int64_t>(si.totalram) * si.mem_unit;
 }

@@ -16,18 +16,18 @@
 #include <thread>
 
 #include "dsec/backends/vm/Initramfs.h"
-#include "dsec/common/Strings.h"
 #include "dsec/common/Process.h"
+#include "dsec/common/Strings.h"
 
 namespace dsec::testing {
 namespace {
 
 constexpr const char* kTcgModule = "/usr/lib/x86_64-linux-gnu/qemu/accel-tcg-x86_64.so";
 
-constexpr const char* kApplets[] = {"sh",   "ls",    "cat",   "echo",    "sleep", "yes",   "dd",     "ps",
-                                    "id",   "env",   "true",  "false",   "head",  "tail",  "wc",     "seq",
-                                    "kill", "stty",  "test",  "[",       "mkdir", "rm",    "grep",   "hostname",
-                                    "tr",   "stat",  "pwd",   "killall", "pkill", "mount", "printf", "md5sum"};
+constexpr const char* kApplets[] = {"sh",   "ls",   "cat",  "echo",    "sleep", "yes",   "dd",     "ps",
+                                    "id",   "env",  "true", "false",   "head",  "tail",  "wc",     "seq",
+                                    "kill", "stty", "test", "[",       "mkdir", "rm",    "grep",   "hostname",
+                                    "tr",   "stat", "pwd",  "killall", "pkill", "mount", "printf", "md5sum"};
 
 // The busybox layer and the initramfs, made once per test process.
 struct SharedImages {
@@ -114,11 +114,25 @@ Result<std::unique_ptr<TestVm>> TestVm::start(const TestVmOptions& options) {
   vm->ports_ = options.ports;
   std::string tsc = hostTscKhz();
   std::string cmdline = "console=ttyS0 quiet panic=-1 " + (tsc.empty() ? "" : "tsc_early_khz=" + tsc);
-  std::vector<std::string> argv = {"qemu-system-x86_64", "-nodefaults", "-no-user-config", "-nographic",
-                                   "-no-reboot", "-accel", "tcg", "-cpu", "max", "-smp", "1",
-                                   "-m", std::to_string(options.memory_mb),
-                                   "-kernel", images.kernel + "/vmlinux", "-initrd", images.initramfs,
-                                   "-serial", "file:" + vm->run_dir_ + "/console.log"};
+  std::vector<std::string> argv = {"qemu-system-x86_64",
+                                   "-nodefaults",
+                                   "-no-user-config",
+                                   "-nographic",
+                                   "-no-reboot",
+                                   "-accel",
+                                   "tcg",
+                                   "-cpu",
+                                   "max",
+                                   "-smp",
+                                   "1",
+                                   "-m",
+                                   std::to_string(options.memory_mb),
+                                   "-kernel",
+                                   images.kernel + "/vmlinux",
+                                   "-initrd",
+                                   images.initramfs,
+                                   "-serial",
+                                   "file:" + vm->run_dir_ + "/console.log"};
   std::string bus_suffix;
   if (options.q35) {
     argv.insert(argv.end(), {"-M", "q35"});
@@ -131,9 +145,9 @@ Result<std::unique_ptr<TestVm>> TestVm::start(const TestVmOptions& options) {
   argv.insert(argv.end(), {"-append", cmdline, "-device", "virtio-serial" + bus_suffix});
   for (int i = 0; i < options.ports; ++i) {
     std::string id = "p" + std::to_string(i);
-    argv.insert(argv.end(), {"-chardev", "socket,id=" + id + ",path=" + vm->run_dir_ + "/" + id + ".sock" +
-                                             ",server=on,wait=off",
-                             "-device", "virtserialport,chardev=" + id + ",name=dsec." + std::to_string(i)});
+    argv.insert(argv.end(),
+                {"-chardev", "socket,id=" + id + ",path=" + vm->run_dir_ + "/" + id + ".sock" + ",server=on,wait=off",
+                 "-device", "virtserialport,chardev=" + id + ",name=dsec." + std::to_string(i)});
   }
   argv.insert(argv.end(), {"-drive", "file=" + images.layer + ",if=none,id=d0,format=raw,readonly=on", "-device",
                            "virtio-blk" + bus_suffix + ",drive=d0,serial=dsec-layer-0"});
@@ -155,7 +169,8 @@ Result<std::unique_ptr<TestVm>> TestVm::start(const TestVmOptions& options) {
 }
 
 Result<std::vector<UniqueFd>> TestVm::connectPorts(double timeout_seconds) {
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<int>(timeout_seconds * 1000));
+  auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<int>(timeout_seconds * 1000));
   std::vector<UniqueFd> fds;
   for (int i = 0; i < ports_; ++i) {
     std::string path = run_dir_ + "/p" + std::to_string(i) + ".sock";

@@ -25,7 +25,7 @@ struct VmBackendOptions {
   std::string kernel_dir;  // "" : findGuestKernelDir()
   std::string agent_path;  // "" : findGuestAgent()
   std::string qemu = "qemu-system-x86_64";
-  std::string accel = "auto";  // "auto" (KVM where it runs this kernel, else TCG) | "kvm" | "tcg"
+  std::string accel = "auto";                  // "auto" (KVM where it runs this kernel, else TCG) | "kvm" | "tcg"
   int64_t default_memory_bytes = 512ll << 20;  // guest RAM when a create gives none
   // Host memory a QEMU needs besides guest RAM (devices, TCG's translation cache): added to its cgroup's limit.
   int64_t overhead_bytes = 256ll << 20;

@@ -138,10 +138,21 @@ class Gateway : public RequestHandler {
   // Why a failed or full node is passed over, for the 429 if no node takes the sandbox.
   std::string whyNodeRefused(const NodeRef& ref, const Result<client::HttpReply>& reply);
   void noteCreated(const std::string& node);
+  // Places a create (its body as the client sent it) and relays the chosen node's answer; another node while
+  // nodes refuse (429) or fail, up to max_place_attempts, then 429 naming why.
+  void placeCreate(HttpExchange& ex, const std::string& raw, const placement::ClusterRequest& request,
+                   const std::string& session);
+  // POST /v1/sandboxes with "snapshot" (GatewaySnapshots.cc): the snapshot is looked up in the fleet's shared
+  // store (a 404 or 400 is the answer), then the restore is placed like any create.
+  void restoreSandbox(HttpExchange& ex, const std::string& raw, const nlohmann::json& body);
+  // GET from any live node, the next one while a node cannot be reached; nullopt (and 503 sent) if none answered.
+  std::optional<client::HttpReply> getFromAny(HttpExchange& ex, const std::string& target);
   void forwardToSandbox(HttpExchange& ex, const std::string& sandbox_id);
   void listSandboxes(HttpExchange& ex);
   void handleSessions(HttpExchange& ex, const std::vector<std::string>& segs);
   void fleetNodeInfo(HttpExchange& ex);
+  // A request about what every node shares (layers, snapshots) to one live node, the next one while a node
+  // cannot be reached.
   void forwardToAny(HttpExchange& ex);
   // POST /v1/call (and POST /run_code) to a live node offering fncall, round robin, another node on 429
   // (GatewayCall.cc). For /run_code the gateway's own errors have SandboxFusion's shape too.
