@@ -6,6 +6,7 @@
 #include <iostream>
 #include <mutex>
 
+#include "BenchMachineCreate.h"
 #include "BenchSupport.h"
 #include "Progress.h"
 #include "dsec/backends/BackendKind.h"
@@ -62,18 +63,35 @@ int benchCreate(const Invocation& inv) {
   desc.add_options()(
       "backend",
       po::value<std::string>()->default_value(dsec::backends::backendKindName(dsec::backends::BackendKind::kContainer)),
-      "sandbox backend")("count", po::value<int>()->default_value(100), "sandboxes to create")(
-      "concurrency", po::value<int>()->default_value(8), "client threads, one connection each");
+      "sandbox backend: container, or microvm|vm (cold, restore and a plain QEMU peer, one at a time)")(
+      "count", po::value<int>()->default_value(100), "sandboxes to create (microvm|vm: 10 of each kind)")(
+      "concurrency", po::value<int>()->default_value(8), "client threads, one connection each (container)")(
+      "memory", po::value<std::string>(), "microvm|vm: guest RAM (default: the node's)");
   po::variables_map vm;
-  if (!parseCommandLine(inv, inv.args, desc, {}, "--backend container --count N --concurrency C [--image IMAGE]", &vm,
-                        &common)) {
+  if (!parseCommandLine(inv, inv.args, desc, {},
+                        "--backend container --count N --concurrency C [--image IMAGE]\n"
+                        "       --backend microvm|vm [--count N] [--memory SIZE] [--image IMAGE]",
+                        &vm, &common)) {
     return kExitOk;
   }
   int count = vm["count"].as<int>();
+  std::string backend = vm["backend"].as<std::string>();
+  if (backend == "microvm" || backend == "vm") {
+    MachineCreateOptions machine;
+    machine.target = benchTargetOptions(vm, common);
+    machine.backend = backend;
+    machine.count = vm["count"].defaulted() ? 10 : count;
+    if (machine.count <= 0) throw UsageError("--count must be > 0");
+    if (vm.count("memory") != 0) {
+      auto bytes = parseByteSize(vm["memory"].as<std::string>());
+      if (!bytes.ok()) throw UsageError("--memory: " + bytes.error().message());
+      machine.memory_bytes = *bytes;
+    }
+    return benchMachineCreate(inv, machine);
+  }
   int concurrency = vm["concurrency"].as<int>();
   if (count <= 0) throw UsageError("--count must be > 0");
   if (concurrency <= 0 || concurrency > 1024) throw UsageError("--concurrency must be in 1..1024");
-  std::string backend = vm["backend"].as<std::string>();
   raiseFileLimit();
 
   BenchTargetOptions target_options = benchTargetOptions(vm, common);

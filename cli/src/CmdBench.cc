@@ -11,6 +11,7 @@ int benchDensity(const Invocation& inv);
 int benchGateway(const Invocation& inv);
 int benchQos(const Invocation& inv);     // BenchQos.cc
 int benchFncall(const Invocation& inv);  // BenchFncall.cc
+int benchFork(const Invocation& inv);    // BenchFork.cc
 
 // A simulated cell through the real placement code (placement/): no node or root needed.
 int benchPlacement(const Invocation& inv) { return placement::placementBenchMain("dsec bench placement", inv.args); }
@@ -18,18 +19,22 @@ int benchPlacement(const Invocation& inv) { return placement::placementBenchMain
 int cmdBench(const Invocation& inv) {
   static const std::pair<const char*, int (*)(const Invocation&)> kSubcommands[] = {
       {"create", benchCreate},   {"density", benchDensity}, {"placement", benchPlacement},
-      {"gateway", benchGateway}, {"qos", benchQos},         {"fncall", benchFncall}};
+      {"gateway", benchGateway}, {"qos", benchQos},         {"fncall", benchFncall},
+      {"fork", benchFork}};
   if (inv.args.empty() || inv.args[0] == "--help" || inv.args[0] == "-h") {
     std::ostream& out = inv.args.empty() ? std::cerr : std::cout;
     out << "usage: dsec bench create --backend container --count N --concurrency C [--image IMAGE]\n"
+           "       dsec bench create --backend microvm|vm [--count N] [--memory SIZE]\n"
+           "       dsec bench fork --backend microvm|vm|container --count N\n"
            "       dsec bench density --count N [--image IMAGE]\n"
            "       dsec bench placement [--nodes 160 --topology 2x96c-1.5t --sandboxes 380000]\n"
            "       dsec bench gateway --simulated-nodes 160 --count N [--concurrency C]\n"
            "       dsec bench qos [--rounds 3 --requests 1000 --stress-sandboxes 4]\n"
            "       dsec bench fncall --language python --count N --concurrency C [--image IMAGE]\n"
-           "create and density start an embedded node on 127.0.0.1 with --root unless --endpoint or --fleet is given.\n"
+           "create, density and fork start an embedded node on 127.0.0.1 with --root unless --endpoint or --fleet is "
+           "given.\n"
            "The last line of the output is one JSON object with the figures.\n";
-    if (inv.args.empty()) throw UsageError("missing bench command (create, density, placement, gateway)");
+    if (inv.args.empty()) throw UsageError("missing bench command (create, density, placement, gateway, fork)");
     return kExitOk;
   }
   for (const auto& [name, run] : kSubcommands) {
@@ -42,7 +47,7 @@ int cmdBench(const Invocation& inv) {
       return kExitUsage;
     }
   }
-  throw UsageError("unknown bench command '" + inv.args[0] + "' (create, density, placement, gateway)");
+  throw UsageError("unknown bench command '" + inv.args[0] + "' (create, density, placement, gateway, fork)");
 }
 
 }  // namespace dsec::cli

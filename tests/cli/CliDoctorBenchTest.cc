@@ -107,6 +107,26 @@ TEST(CliBench, DensityStopsAtTheAgentsOpenFilesLimitNamingIt) {
   EXPECT_NE(summary["stopped_by"].get<std::string>().find("RLIMIT_NOFILE 4106"), std::string::npos) << r->output;
 }
 
+// A tiny run (2 copies of a 4 MiB workspace): the bench runs and prints both figures; the numbers are not checked.
+TEST(CliBench, ForkContainerComparesForkWithCopies) {
+  DSEC_SKIP_UNLESS_ROOT();
+  if (findProgram("mkfs.erofs").empty()) GTEST_SKIP() << "mkfs.erofs missing (erofs-utils)";
+  TempDir root;
+  auto r = runDsec({"bench", "fork", "--backend", "container", "--count", "2", "--workspace-mib", "4",
+                    "--workspace-files", "3", "--root", root.path()},
+                   {}, 120);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  for (const char* line : {"fork of 2: ", "cp -a x 2: ", "cp -a / fork: "}) {
+    EXPECT_NE(r.out.find(line), std::string::npos) << line << " missing in:\n" << r.out;
+  }
+  auto summary = lastJsonLine(r.out);
+  ASSERT_TRUE(summary.is_object()) << r.out;
+  EXPECT_EQ(summary["count"], 2);
+  EXPECT_EQ(summary["copy_workspace_bytes"], 4 << 20);  // a copy holds the source's whole workspace
+  EXPECT_GT(summary["fork_ms"].get<double>(), 0);
+  EXPECT_GT(summary["cp_ms"].get<double>(), 0);
+}
+
 TEST(CliBench, PlacementSmallCellPlacesEverySandbox) {
   auto r = runDsec({"bench", "placement", "--nodes", "8", "--sandboxes", "5000", "--no-compare"}, {}, 120);
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
