@@ -23,7 +23,9 @@
 #   <fleet root>/snapshots, shared by both); pydsec, with n2 drained at the gateway, makes a container sandbox on
 #   n1, writes files and snapshots it; then n1 is drained instead and n2 undrained, and a restore of the snapshot
 #   lands on n2 with the files as they were at the snapshot (not as the source has them since); a fork of the
-#   restored sandbox makes its copies on n2; listing, lookup and delete of the snapshot through the gateway.
+#   restored sandbox makes its copies on n2; listing, lookup and delete of the snapshot through the gateway. Then a
+#   microVM with a running counter is snapshotted (memory and processes) on one node and restored on the other,
+#   where the counter runs on (skipped, saying so, when the nodes have no microvm backend).
 #   Skipped (77) when the nodes have no snapshot routes.
 # `fleet_test.sh trainer`: slurm-configs/trainer.sbatch in the preemptible partition makes sandboxes through a
 #   session and starts a background process in each; a rollout job preempts it; while it waits to be requeued

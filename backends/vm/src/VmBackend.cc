@@ -73,8 +73,14 @@ class VmBackend : public Backend {
  public:
   explicit VmBackend(std::shared_ptr<VmShared> shared) : shared_(std::move(shared)) {}
   ~VmBackend() override {
-    // The initramfs is the backend's; sandboxes still running have it loaded already.
+    // The initramfs is the backend's; sandboxes still running have it loaded already. The run root and its parent
+    // go too when no sandbox's run dir is left in them (rmdir fails on a directory that is not empty).
     ::unlink(shared_->initrd.c_str());
+    const std::string& root = shared_->options.run_root;
+    if (::rmdir(root.c_str()) == 0) {
+      std::string parent = root.substr(0, root.rfind('/'));
+      (void)::rmdir(parent.c_str());
+    }
   }
 
   std::string name() const override { return backendKindName(shared_->options.kind); }

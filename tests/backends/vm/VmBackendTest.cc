@@ -178,6 +178,11 @@ TEST_F(MicrovmTest, PauseResumeAndDestroyLeaveNothing) {
   ExecRequest after;
   after.argv = {"true"};
   EXPECT_FALSE(sb.exec(after).ok());
+  // The backend's own files (the initramfs, its run root) go with it when no sandbox is left in them.
+  sandboxes_.clear();
+  backend_.reset();
+  const std::string run_root = std::string("/dev/shm/dsec-vm/") + kVmTestCgroupParent + "/microvm";
+  EXPECT_NE(::access(run_root.c_str(), F_OK), 0) << run_root << " is left";
 }
 
 TEST_F(MicrovmTest, AFailedCreateLeavesNothing) {
