@@ -4,52 +4,19 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <x86intrin.h>
 
 #include <cerrno>
-#include <chrono>
-#include <cmath>
 #include <cstdio>
-#include <ctime>
-#include <thread>
 #include <vector>
 
+#include "dsec/backends/vm/Cpio.h"
+#include "dsec/backends/vm/VmBackend.h"
 #include "dsec/common/Fd.h"
 #include "dsec/common/Process.h"
 #include "dsec/common/Strings.h"
 
 namespace dsec::cli {
 namespace {
-
-// newc cpio: "070701", 13 eight-digit hex fields, the NUL-terminated name and the data, each padded to 4 bytes.
-// The machine backends' writer (backends/vm) writes only the agent's archive; this one takes any entries.
-class NewcWriter {
- public:
-  void add(const std::string& name, uint32_t mode, const std::string& data, uint32_t rdev_major = 0,
-           uint32_t rdev_minor = 0) {
-    char header[111];
-    snprintf(header, sizeof header, "070701%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X", next_ino_++, mode, 0u,
-             0u, S_ISDIR(mode) ? 2u : 1u, 0u, static_cast<uint32_t>(data.size()), 0u, 0u, rdev_major, rdev_minor,
-             static_cast<uint32_t>(name.size() + 1), 0u);
-    out_.append(header, 110);
-    out_ += name;
-    out_.push_back('\0');
-    pad();
-    out_ += data;
-    pad();
-  }
-  std::string finish() {
-    add("TRAILER!!!", 0, "");
-    return std::move(out_);
-  }
-
- private:
-  void pad() {
-    while (out_.size() % 4 != 0) out_.push_back('\0');
-  }
-  std::string out_;
-  uint32_t next_ino_ = 1;
-};
 
 // True when the ELF file asks for no program interpreter (a static executable runs in an empty initramfs).
 bool isStaticElf(const std::string& bytes) {
@@ -67,23 +34,6 @@ bool isStaticElf(const std::string& bytes) {
   return true;
 }
 
-// The host's TSC rate in kHz, as the machine backends pass it to a TCG guest (whose own calibration hangs on a
-// loaded host); 0 if it cannot be measured.
-int64_t hostTscKhz() {
-  auto now = [] {
-    timespec ts{};
-    clock_gettime(CLOCK_MONOTONIC_RAW, &ts);
-    return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
-  };
-  double t0 = now();
-  uint64_t c0 = __rdtsc();
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  double t1 = now();
-  uint64_t c1 = __rdtsc();
-  if (t1 <= t0 || c1 <= c0) return 0;
-  return static_cast<int64_t>(std::llround(static_cast<double>(c1 - c0) / (t1 - t0) / 1000.0));
-}
-
 std::vector<std::string> peerArgv(const PeerBootConfig& c) {
   const bool micro = c.kind == backends::BackendKind::kMicrovm;
   std::vector<std::string> a = {c.qemu, "-nodefaults", "-no-user-config", "-nographic", "-no-reboot"};
@@ -97,7 +47,7 @@ std::vector<std::string> peerArgv(const PeerBootConfig& c) {
   a.insert(a.end(), {"-smp", "1", "-m", std::to_string(c.memory_bytes >> 20) + "M"});
   std::string append = "quiet panic=-1 rdinit=/init";
   if (micro) append += " pci=off";
-  static const int64_t tsc_khz = hostTscKhz();
+  const int64_t tsc_khz = backends::vm::hostTscKhz();
   if (c.accel != "kvm" && tsc_khz > 0) append += " tsc_early_khz=" + std::to_string(tsc_khz) + " tsc=reliable";
   append += " console=ttyS0";
   a.insert(a.end(), {"-kernel", c.kernel, "-initrd", c.initramfs, "-append", append, "-serial", "stdio"});
@@ -117,15 +67,26 @@ Status writePeerInitramfs(const std::string& path, const std::string& busybox) {
   DSEC_ASSIGN_OR_RETURN(std::string binary, readFile(busybox));
   if (!isStaticElf(binary))
     return Error::invalid(busybox + " is not a static executable (apt-get install busybox-static)");
-  NewcWriter cpio;
-  for (const char* dir : {".", "bin", "dev"}) cpio.add(dir, S_IFDIR | 0755, "");
-  // The kernel opens /dev/console for init's stdin, stdout and stderr; nothing mounts /dev here.
-  cpio.add("dev/console", S_IFCHR | 0600, "", 5, 1);
-  cpio.add("bin/busybox", S_IFREG | 0755, binary);
-  // Should poweroff fail, init exits, the kernel panics (panic=-1 reboots at once) and -no-reboot ends QEMU.
-  cpio.add("init", S_IFREG | 0755,
-           std::string("#!/bin/busybox sh\n/bin/busybox echo ") + kPeerBootMarker + "\n/bin/busybox poweroff -f\n");
-  return writeFileAtomic(path, cpio.finish(), 0644);
+  std::string tmp = path + ".tmp." + std::to_string(getpid());
+  UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  if (!fd) return Error::sys(errno, "creating " + tmp);
+  backends::vm::CpioWriter cpio(fd.get());
+  auto write_all = [&]() -> Status {
+    for (const char* dir : {".", "bin", "dev"}) DSEC_TRY(cpio.add(dir, S_IFDIR | 0755, ""));
+    // The kernel opens /dev/console for init's stdin, stdout and stderr; nothing mounts /dev here.
+    DSEC_TRY(cpio.add("dev/console", S_IFCHR | 0600, "", 5, 1));
+    DSEC_TRY(cpio.add("bin/busybox", S_IFREG | 0755, binary));
+    // Should poweroff fail, init exits, the kernel panics (panic=-1 reboots at once) and -no-reboot ends QEMU.
+    DSEC_TRY(cpio.add(
+        "init", S_IFREG | 0755,
+        std::string("#!/bin/busybox sh\n/bin/busybox echo ") + kPeerBootMarker + "\n/bin/busybox poweroff -f\n"));
+    return cpio.finish();
+  };
+  Status written = write_all();
+  fd.reset();
+  if (written.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) written = Error::sys(errno, "renaming " + tmp);
+  if (!written.ok()) ::unlink(tmp.c_str());
+  return written;
 }
 
 Result<double> bootPeerOnce(const PeerBootConfig& config) {

@@ -12,6 +12,7 @@
 #include <sstream>
 #include <vector>
 
+#include "dsec/backends/vm/Cpio.h"
 #include "dsec/common/Fd.h"
 #include "dsec/common/Process.h"
 
@@ -19,47 +20,6 @@ namespace dsec::backends::vm {
 namespace {
 
 constexpr const char* kDefaultKernelDir = "/usr/local/lib/dsec/guest-kernel";
-
-// newc: "070701", then 13 eight-digit hex fields, the name (NUL-terminated) and the data, each padded to 4 bytes.
-class CpioWriter {
- public:
-  explicit CpioWriter(int fd) : fd_(fd) {}
-
-  Status add(const std::string& name, uint32_t mode, const std::string& data, uint32_t rdev_major = 0,
-             uint32_t rdev_minor = 0) {
-    char header[111];
-    snprintf(header, sizeof header, "070701%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X", next_ino_++, mode, 0u,
-             0u, S_ISDIR(mode) ? 2u : 1u, 0u, static_cast<uint32_t>(data.size()), 0u, 0u, rdev_major, rdev_minor,
-             static_cast<uint32_t>(name.size() + 1), 0u);
-    std::string out(header, 110);
-    out += name;
-    out.push_back('\0');
-    pad(out);
-    out += data;
-    pad(out);
-    return write(out);
-  }
-  Status finish() { return add("TRAILER!!!", 0, ""); }
-
- private:
-  void pad(std::string& s) {
-    while ((written_ + s.size()) % 4 != 0) s.push_back('\0');
-  }
-  Status write(const std::string& s) {
-    size_t done = 0;
-    while (done < s.size()) {
-      ssize_t n = ::write(fd_, s.data() + done, s.size() - done);
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) return Error::sys(errno, "writing the initramfs");
-      done += static_cast<size_t>(n);
-    }
-    written_ += s.size();
-    return okStatus();
-  }
-  int fd_;
-  uint32_t next_ino_ = 1;
-  size_t written_ = 0;
-};
 
 Result<std::string> readWhole(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "dsec/backends/vm/AgentChannel.h"
+#include "dsec/backends/vm/VmBackend.h"
 
 namespace dsec::backends::vm {
 namespace {

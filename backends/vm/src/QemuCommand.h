@@ -34,7 +34,4 @@ std::vector<std::string> qemuArgv(const QemuConfig& config);
 std::string portSocketPath(const std::string& run_dir, int port);
 std::string monitorSocketPath(const std::string& run_dir);
 
-// The host's TSC rate in kHz (measured over a short interval against the monotonic clock); 0 if unknown.
-int64_t hostTscKhz();
-
 }  // namespace dsec::backends::vm

@@ -50,25 +50,8 @@ void buildLayer(LayerHolder& h) {
   char tmpl[] = "/tmp/dsec-ct-layer-XXXXXX";
   h.base = mkdtemp(tmpl);
   std::string root = h.base + "/rootfs";
-  for (const char* d : {"", "/bin", "/etc", "/tmp", "/root", "/proc", "/dev", "/mnt", "/work"}) {
-    mkdir((root + d).c_str(), 0755);
-  }
-  chmod((root + "/tmp").c_str(), 01777);
-  auto copied = runCommand({"cp", "/bin/busybox", root + "/bin/busybox"});
-  if (!copied.ok() || copied->exit_code != 0) {
-    h.layer.error = "cannot copy busybox";
-    return;
-  }
-  for (const char* a : kApplets) {
-    if (symlink("busybox", (root + "/bin/" + a).c_str()) != 0 && errno != EEXIST) {
-      h.layer.error = std::string("cannot link the busybox applet ") + a + ": " + strerror(errno);
-      return;
-    }
-  }
-  (void)writeFile(root + "/etc/passwd", "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n");
-  (void)writeFile(root + "/etc/group", "root:x:0:\nnogroup:x:65534:\n");
-  (void)writeFile(root + "/etc/shadow", "root:SANDBOX-SHADOW:19000:0:99999:7:::\n");
-  (void)writeFile(root + "/layer-file", "from the layer\n");
+  h.layer.error = makeBusyboxRootfs(root, std::vector<std::string>(std::begin(kApplets), std::end(kApplets)));
+  if (!h.layer.error.empty()) return;
   std::string image = h.base + "/layer.erofs";
   auto made = runCommand({"mkfs.erofs", "--quiet", image, root});
   if (!made.ok() || made->exit_code != 0) {

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <vector>
 
 #include "dsec/common/Result.h"
 
@@ -23,6 +24,12 @@ class TempDir {
  private:
   std::string path_;
 };
+
+// The busybox root file system of the test layers: /bin/busybox (the host's static one) with a symlink per applet,
+// the usual top directories (no /sys), /etc/passwd, group and shadow (root's hash is SANDBOX-SHADOW, so a test tells
+// the layer's file from the host's) and /layer-file ("from the layer"). "" when made, else what failed; the caller
+// checks that /bin/busybox exists first (and skips without it).
+std::string makeBusyboxRootfs(const std::string& root, const std::vector<std::string>& applets);
 
 }  // namespace dsec::testing
 

@@ -46,4 +46,8 @@ struct AccelChoice {
 };
 Result<AccelChoice> chooseAccel(const std::string& wanted, const std::string& qemu);
 
+// The host's TSC rate in kHz (measured once per process over 50 ms against the monotonic clock; 0 if unknown). A
+// TCG guest gets it on its command line (tsc_early_khz): its own calibration hangs on a loaded host.
+int64_t hostTscKhz();
+
 }  // namespace dsec::backends::vm
