@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdio>
 #include <ctime>
 
 #include "QemuCommand.h"
@@ -22,6 +23,7 @@ namespace dsec::backends::vm {
 namespace {
 
 constexpr const char* kLog = "vm";
+constexpr const char* kVmShmRoot = "/dev/shm/dsec-vm";
 constexpr int64_t kMinMemoryBytes = 128ll << 20;
 constexpr int kMaxCpus = 64;
 // QEMU's own threads (vCPUs, I/O, RCU) are all it may run: spawn is denied by its seccomp filter anyway.
@@ -69,13 +71,37 @@ Status validateSpec(const SandboxSpec& spec, const std::string& kind) {
   return okStatus();
 }
 
+// One initramfs per agent binary and guest kernel, shared by every backend on the host: a node that is killed
+// leaves nothing of its own behind, and the file (a few MiB of tmpfs) is written again only when the agent or the
+// kernel changes. Named by a hash of what it is made of.
+Result<std::string> sharedInitramfs(const std::string& agent, const std::string& kernel_dir) {
+  struct stat agent_st {};
+  struct stat order_st {};
+  if (::stat(agent.c_str(), &agent_st) != 0) return Error::sys(errno, "stat " + agent);
+  const std::string order = kernel_dir + "/modules.order";
+  if (::stat(order.c_str(), &order_st) != 0) return Error::sys(errno, "stat " + order);
+  auto version = readFile(kernel_dir + "/VERSION");
+  std::string key = agent + "\n" + std::to_string(agent_st.st_size) + "\n" + std::to_string(agent_st.st_mtim.tv_sec) +
+                    "." + std::to_string(agent_st.st_mtim.tv_nsec) + "\n" + kernel_dir + "\n" +
+                    std::to_string(order_st.st_mtim.tv_sec) + "." + std::to_string(order_st.st_mtim.tv_nsec) + "\n" +
+                    (version.ok() ? *version : std::string());
+  uint64_t hash = 14695981039346656037ull;  // FNV-1a
+  for (unsigned char c : key) hash = (hash ^ c) * 1099511628211ull;
+  char name[64];
+  std::snprintf(name, sizeof name, "/initramfs-%016llx.cpio", static_cast<unsigned long long>(hash));
+  const std::string path = std::string(kVmShmRoot) + name;
+  if (::access(path.c_str(), R_OK) == 0) return path;
+  DSEC_TRY(makeDirs(kVmShmRoot, 0700));
+  DSEC_TRY(writeInitramfs(path, agent, kernel_dir));  // written aside and renamed into place
+  return path;
+}
+
 class VmBackend : public Backend {
  public:
   explicit VmBackend(std::shared_ptr<VmShared> shared) : shared_(std::move(shared)) {}
   ~VmBackend() override {
-    // The initramfs is the backend's; sandboxes still running have it loaded already. The run root and its parent
-    // go too when no sandbox's run dir is left in them (rmdir fails on a directory that is not empty).
-    ::unlink(shared_->initrd.c_str());
+    // The run root and its parent go when no sandbox's run dir is left in them (rmdir fails on a directory that is
+    // not empty). The initramfs is shared by every backend of the host (sharedInitramfs) and stays.
     const std::string& root = shared_->options.run_root;
     if (::rmdir(root.c_str()) == 0) {
       std::string parent = root.substr(0, root.rfind('/'));
@@ -332,7 +358,7 @@ Result<std::unique_ptr<Backend>> makeVmBackend(const VmBackendOptions& options) 
   shared->options = options;
   const std::string kind = backendKindName(options.kind);
   if (shared->options.run_root.empty()) {
-    shared->options.run_root = "/dev/shm/dsec-vm/" + options.cgroup_parent + "/" + kind;
+    shared->options.run_root = std::string(kVmShmRoot) + "/" + options.cgroup_parent + "/" + kind;
   }
   if (findProgram(options.qemu).empty() && options.qemu.find('/') == std::string::npos) {
     return Error(ErrorCode::kUnsupported, options.qemu + " is not installed (apt-get install qemu-system-x86)");
@@ -353,8 +379,7 @@ Result<std::unique_ptr<Backend>> makeVmBackend(const VmBackendOptions& options) 
   }
   DSEC_TRY(makeDirs(shared->options.run_root, 0700));
   if (::chmod(shared->options.run_root.c_str(), 0700) != 0) return Error::sys(errno, "chmod run root");
-  shared->initrd = shared->options.run_root + "/initramfs.cpio";
-  DSEC_TRY(writeInitramfs(shared->initrd, agent, kernel_dir));
+  DSEC_ASSIGN_OR_RETURN(shared->initrd, sharedInitramfs(agent, kernel_dir));
   shared->tsc_khz = hostTscKhz();
   DSEC_ASSIGN_OR_RETURN(shared->cgroups, detectCgroupDriver(options.cgroup_parent));
   IdRangeOptions ranges;
