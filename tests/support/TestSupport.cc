@@ -17,6 +17,20 @@ std::string missingRoot() {
   return "";
 }
 
+Result<std::string> makeBusyboxErofs(const std::string& dir, const std::vector<std::string>& applets,
+                                     const std::vector<std::string>& extra_dirs) {
+  const std::string root = dir + "/rootfs";
+  if (std::string why = makeBusyboxRootfs(root, applets); !why.empty()) return Error::internal(why);
+  for (const auto& d : extra_dirs) {
+    if (mkdir((root + d).c_str(), 0755) != 0 && errno != EEXIST) return Error::sys(errno, "mkdir " + root + d);
+  }
+  const std::string image = dir + "/layer.erofs";
+  auto made = runCommand({"mkfs.erofs", "--quiet", image, root});
+  if (!made.ok()) return made.error();
+  if (made->exit_code != 0) return Error::internal("mkfs.erofs failed: " + made->output);
+  return image;
+}
+
 TempDir::TempDir() {
   char tmpl[] = "/tmp/dsec-test-XXXXXX";
   const char* made = mkdtemp(tmpl);

@@ -49,15 +49,12 @@ void buildLayer(LayerHolder& h) {
   }
   char tmpl[] = "/tmp/dsec-ct-layer-XXXXXX";
   h.base = mkdtemp(tmpl);
-  std::string root = h.base + "/rootfs";
-  h.layer.error = makeBusyboxRootfs(root, std::vector<std::string>(std::begin(kApplets), std::end(kApplets)));
-  if (!h.layer.error.empty()) return;
-  std::string image = h.base + "/layer.erofs";
-  auto made = runCommand({"mkfs.erofs", "--quiet", image, root});
-  if (!made.ok() || made->exit_code != 0) {
-    h.layer.error = "mkfs.erofs failed: " + (made.ok() ? made->output : made.error().toString());
+  auto made = makeBusyboxErofs(h.base, std::vector<std::string>(std::begin(kApplets), std::end(kApplets)));
+  if (!made.ok()) {
+    h.layer.error = made.error().message();
     return;
   }
+  const std::string& image = *made;
   std::string mnt = h.base + "/mnt";
   mkdir(mnt.c_str(), 0755);
   if (mount(image.c_str(), mnt.c_str(), "erofs", MS_RDONLY, nullptr) < 0) {

@@ -45,16 +45,13 @@ void buildLayer(LayerHolder& h) {
   }
   char tmpl[] = "/tmp/dsec-vm-layer-XXXXXX";
   h.base = ::mkdtemp(tmpl);
-  std::string root = h.base + "/rootfs";
-  h.layer.error = makeBusyboxRootfs(root, std::vector<std::string>(std::begin(kApplets), std::end(kApplets)));
-  if (!h.layer.error.empty()) return;
-  ::mkdir((root + "/sys").c_str(), 0755);  // the guest mounts its sysfs there (a container has none)
-  std::string image = h.base + "/layer.erofs";
-  auto made = runCommand({"mkfs.erofs", "--quiet", image, root});
-  if (!made.ok() || made->exit_code != 0) {
-    h.layer.error = "mkfs.erofs failed: " + (made.ok() ? made->output : made.error().toString());
+  // The guest mounts its sysfs on /sys (a container has none).
+  auto made = makeBusyboxErofs(h.base, std::vector<std::string>(std::begin(kApplets), std::end(kApplets)), {"/sys"});
+  if (!made.ok()) {
+    h.layer.error = made.error().message();
     return;
   }
+  const std::string& image = *made;
   h.layer.file = image;
 }
 

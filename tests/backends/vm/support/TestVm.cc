@@ -16,8 +16,10 @@
 #include <thread>
 
 #include "dsec/backends/vm/Initramfs.h"
+#include "dsec/backends/vm/VmBackend.h"
 #include "dsec/common/Process.h"
 #include "dsec/common/Strings.h"
+#include "dsec/testing/TestSupport.h"
 
 namespace dsec::testing {
 namespace {
@@ -47,24 +49,13 @@ const SharedImages& sharedImages() {
       return;
     }
     images.dir = tmpl;
-    std::string root = images.dir + "/rootfs";
-    for (const char* d : {"", "/bin", "/etc", "/tmp", "/root", "/proc", "/sys", "/dev", "/work"}) {
-      mkdir((root + d).c_str(), 0755);
-    }
-    auto copied = runCommand({"cp", "/bin/busybox", root + "/bin/busybox"});
-    if (!copied.ok() || copied->exit_code != 0) {
-      images.error = "cannot copy busybox";
+    auto made =
+        makeBusyboxErofs(images.dir, std::vector<std::string>(std::begin(kApplets), std::end(kApplets)), {"/sys"});
+    if (!made.ok()) {
+      images.error = made.error().message();
       return;
     }
-    for (const char* a : kApplets) (void)!symlink("busybox", (root + "/bin/" + a).c_str());
-    (void)writeFile(root + "/etc/passwd", "root:x:0:0:root:/root:/bin/sh\n");
-    (void)writeFile(root + "/layer-file", "from the layer\n");
-    images.layer = images.dir + "/layer.erofs";
-    auto made = runCommand({"mkfs.erofs", "--quiet", images.layer, root});
-    if (!made.ok() || made->exit_code != 0) {
-      images.error = "mkfs.erofs failed: " + (made.ok() ? made->output : made.error().toString());
-      return;
-    }
+    images.layer = *made;
     auto kernel = backends::vm::findGuestKernelDir();
     auto agent = backends::vm::findGuestAgent();
     if (!kernel.ok() || !agent.ok()) {
@@ -77,19 +68,6 @@ const SharedImages& sharedImages() {
     if (!written.ok()) images.error = written.error().toString();
   });
   return images;
-}
-
-// The guest calibrates its TSC against this instead of a timer TCG emulates slowly (it can hang there).
-std::string hostTscKhz() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("cpu MHz", 0) == 0) {
-      double mhz = std::stod(line.substr(line.find(':') + 1));
-      return std::to_string(static_cast<int64_t>(mhz * 1000));
-    }
-  }
-  return "";
 }
 
 }  // namespace
@@ -112,8 +90,9 @@ Result<std::unique_ptr<TestVm>> TestVm::start(const TestVmOptions& options) {
   if (mkdtemp(tmpl) == nullptr) return Error::sys(errno, "mkdtemp");
   vm->run_dir_ = tmpl;
   vm->ports_ = options.ports;
-  std::string tsc = hostTscKhz();
-  std::string cmdline = "console=ttyS0 quiet panic=-1 " + (tsc.empty() ? "" : "tsc_early_khz=" + tsc);
+  // The guest calibrates its TSC against this instead of a timer TCG emulates slowly (it can hang there).
+  const int64_t tsc = backends::vm::hostTscKhz();
+  std::string cmdline = "console=ttyS0 quiet panic=-1 " + (tsc > 0 ? "tsc_early_khz=" + std::to_string(tsc) : "");
   std::vector<std::string> argv = {"qemu-system-x86_64",
                                    "-nodefaults",
                                    "-no-user-config",

@@ -30,6 +30,10 @@ class TempDir {
 // the layer's file from the host's) and /layer-file ("from the layer"). "" when made, else what failed; the caller
 // checks that /bin/busybox exists first (and skips without it).
 std::string makeBusyboxRootfs(const std::string& root, const std::vector<std::string>& applets);
+// That root file system (plus extra_dirs, e.g. "/sys" for a guest) in <dir>/rootfs, packed with mkfs.erofs into
+// <dir>/layer.erofs; the image's path, or what failed.
+Result<std::string> makeBusyboxErofs(const std::string& dir, const std::vector<std::string>& applets,
+                                     const std::vector<std::string>& extra_dirs = {});
 
 }  // namespace dsec::testing
 
