@@ -129,7 +129,9 @@ def machine_snapshot_elsewhere(client, drain):
     src.write_file("/data/vm-mark", f"vm on {here}\n")
     src.exec("setsid sh -c 'i=0; while true; do i=$((i+1)); echo $i > /tmp/beat; sleep 0.1; done' "
              "</dev/null >/dev/null 2>&1 &")
-    time.sleep(0.5)
+    deadline = time.monotonic() + 30
+    while not src.exec("cat /tmp/beat 2>/dev/null").stdout and time.monotonic() < deadline:
+        time.sleep(0.1)
     if not src.exec("cat /tmp/beat").stdout:
         fail(f"{src.id}: the counter did not start")
     snap = src.snapshot(processes=True)
@@ -146,8 +148,11 @@ def machine_snapshot_elsewhere(client, drain):
     if restored.read_file("/data/vm-mark") != f"vm on {here}\n".encode():
         fail(f"{restored.id}: the microvm's file is not there")
     b1 = restored.exec("cat /tmp/beat").stdout
-    time.sleep(1)
-    b2 = restored.exec("cat /tmp/beat").stdout
+    b2 = b1
+    deadline = time.monotonic() + 30  # polled: a TCG guest on a loaded node is slow
+    while b2 == b1 and time.monotonic() < deadline:
+        time.sleep(0.1)
+        b2 = restored.exec("cat /tmp/beat").stdout
     if not b1 or b1 == b2:
         fail(f"{restored.id}: the process started on {here} does not run on {there} ({b1!r}, {b2!r})")
     restored.destroy()

@@ -249,9 +249,7 @@ TEST_F(MicrovmTest, ANewBackendReadoptsRunningAndPausedSandboxes) {
   EXPECT_EQ(back.state(), SandboxState::kRunning);
   EXPECT_EQ(sh(back, "cat /work/kept").stdout_data, "kept\n");
   auto b1 = sh(back, "cat /tmp/beat").stdout_data;
-  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
-  auto b2 = sh(back, "cat /tmp/beat").stdout_data;
-  EXPECT_NE(b1, b2) << "the background loop stopped";
+  EXPECT_NE(shUntilChanged(back, "cat /tmp/beat", b1), b1) << "the background loop stopped";
 
   auto paused_again = backend_->adopt(paused_state);
   ASSERT_OK(paused_again);

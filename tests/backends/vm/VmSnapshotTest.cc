@@ -27,7 +27,7 @@ TEST_F(VmSnapshotTest, ForksCarryFilesAndRunningProcessesAndThenDiverge) {
   sh(parent,
      "setsid sh -c 'i=0; while true; do i=$((i+1)); echo $i > /tmp/counter; sleep 0.1; done' "
      "</dev/null >/dev/null 2>&1 &");
-  std::this_thread::sleep_for(std::chrono::milliseconds(800));
+  shUntilChanged(parent, "cat /tmp/counter 2>/dev/null", "");
   int before = std::atoi(trim(sh(parent, "cat /tmp/counter").stdout_data).c_str());
   ASSERT_GT(before, 0);
 
@@ -52,8 +52,7 @@ TEST_F(VmSnapshotTest, ForksCarryFilesAndRunningProcessesAndThenDiverge) {
     EXPECT_EQ(sh(f, "hostname").stdout_data, f.spec().id + "\n");
     int c1 = std::atoi(trim(sh(f, "cat /tmp/counter").stdout_data).c_str());
     EXPECT_GE(c1, before);
-    std::this_thread::sleep_for(std::chrono::milliseconds(700));
-    int c2 = std::atoi(trim(sh(f, "cat /tmp/counter").stdout_data).c_str());
+    int c2 = std::atoi(trim(shUntilChanged(f, "cat /tmp/counter", std::to_string(c1) + "\n")).c_str());
     EXPECT_GT(c2, c1) << "the counter process did not survive the restore";
     sh(f, "echo mine > /work/fork-" + std::to_string(i));
     randoms.insert(sh(f, "head -c 16 /dev/urandom | md5sum").stdout_data);

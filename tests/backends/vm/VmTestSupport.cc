@@ -5,9 +5,11 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <mutex>
 #include <stdexcept>
+#include <thread>
 
 #include "dsec/backends/vm/Initramfs.h"
 #include "dsec/common/Process.h"
@@ -136,6 +138,17 @@ backends::ExecResult VmTest::sh(backends::Sandbox& sb, const std::string& cmd, d
     return {};
   }
   return std::move(r).value();
+}
+
+std::string VmTest::shUntilChanged(backends::Sandbox& sb, const std::string& cmd, const std::string& than,
+                                   double timeout) {
+  const double deadline = monotonicSeconds() + timeout;
+  std::string out = sh(sb, cmd).stdout_data;
+  while (out == than && monotonicSeconds() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    out = sh(sb, cmd).stdout_data;
+  }
+  return out;
 }
 
 std::vector<std::string> VmTest::leftoversOf(const std::string& id) const {

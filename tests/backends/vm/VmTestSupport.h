@@ -39,6 +39,10 @@ class VmTest : public ::testing::Test {
   backends::Sandbox& create() { return create(makeSpec()); }
   backends::Sandbox& adopt(std::unique_ptr<backends::Sandbox> sandbox);
   backends::ExecResult sh(backends::Sandbox& sb, const std::string& cmd, double timeout = 60);
+  // Runs cmd until its output differs from `than` (polled, up to timeout seconds under TCG on a loaded host);
+  // the last output.
+  std::string shUntilChanged(backends::Sandbox& sb, const std::string& cmd, const std::string& than,
+                             double timeout = 30);
   // The sandbox's run dir and cgroup dirs that exist on the host.
   std::vector<std::string> leftoversOf(const std::string& id) const;
 
