@@ -307,7 +307,7 @@ TEST_F(VmGuestTest, FilesWriteReadStatListRemove) {
   // A symlink resolves inside the sandbox root: "/../../../etc" is the sandbox's /etc.
   out = open((tmp.path() + "/passwd").c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600);
   ASSERT_OK(channel_->readFile("/work/deep/esc/passwd", out));
-  EXPECT_EQ(readAll(out), "root:x:0:0:root:/root:/bin/sh\n");
+  EXPECT_EQ(readAll(out), "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n");
   close(out);
 
   ASSERT_ERROR(channel_->readFile("/work/nope", 1), ErrorCode::kNotFound);
