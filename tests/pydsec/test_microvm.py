@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
+import subprocess
 import tempfile
 
 import pytest
@@ -221,3 +223,75 @@ def test_a_restarted_node_readopts_its_microvms(dsec, tmp_path):
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
+
+
+def _booted_kernel_release(dsec, sandbox_id: str):
+    """The image kernel the node booted for a VM sandbox ("" : dsec's guest kernel), from its persisted state."""
+    import json
+
+    def find(doc):
+        if isinstance(doc, dict):
+            if "kernel_release" in doc:
+                return doc["kernel_release"]
+            for v in doc.values():
+                found = find(v)
+                if found is not None:
+                    return found
+        return None
+
+    with open(os.path.join(dsec.root, "state", "sandboxes", sandbox_id + ".json")) as f:
+        return find(json.load(f))
+
+
+def _debian_image_with_kernel_and_systemd(dsec) -> str:
+    """debian:12 (debootstrap) with Debian's cloud kernel and systemd installed on it: a full machine's image."""
+    if not shutil.which("debootstrap"):
+        pytest.skip("debootstrap is not installed (apt-get install debootstrap)")
+    install = ("apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -q -y --no-install-recommends "
+               "systemd-sysv linux-image-cloud-amd64 && apt-get clean")
+    for ref, how in (("debian:12", ["--debootstrap", "bookworm"]), ("vmboot:1", ["--on", "debian:12", "--run", install])):
+        if os.path.isdir(os.path.join(dsec.root, "layers", *ref.split(":"))):
+            continue
+        build = subprocess.run([dsec.bin, "layer", "build", ref, *how, "--root", dsec.root],
+                               env=dict(os.environ, HOME=dsec.home), capture_output=True, text=True, timeout=900)
+        assert build.returncode == 0, f"dsec layer build {ref} failed:\n{build.stderr[-3000:]}"
+    return "debian:12+vmboot:1"
+
+
+def test_a_vm_boots_the_images_own_kernel_and_hands_pid_1_to_its_systemd(dsec):
+    c = _client_with(dsec, "vm")
+    image = _debian_image_with_kernel_and_systemd(dsec)
+    with c.create(image=image, backend="vm", memory="768M", pids=200, timeout=900) as sb:
+        release = sb.exec("ls /lib/modules").stdout.strip()
+        assert release.endswith("-cloud-amd64")
+        # The image's kernel, not dsec's guest kernel (the node's record of what it booted: dsec's kernel may be the
+        # same release); its systemd is PID 1, and answers at once.
+        assert _booted_kernel_release(dsec, sb.id) == release
+        assert sb.exec("uname -r").stdout.strip() == release
+        assert sb.exec("cat /proc/1/comm").stdout.strip() == "systemd"
+        assert sb.exec("systemctl is-system-running --wait", timeout=300).stdout.strip() in ("running", "degraded")
+        # A service of the image's own, run by its systemd.
+        sb.write_file("/etc/systemd/system/hello.service",
+                      "[Service]\nType=oneshot\nExecStart=/bin/sh -c 'echo from-unit > /root/unit-ran'\n")
+        started = sb.exec("systemctl daemon-reload && systemctl start hello.service", timeout=120)
+        assert started.exit_code == 0, started.stderr
+        assert sb.read_file("/root/unit-ran") == b"from-unit\n"
+        # dsec's commands still run through its agent, in the sandbox's cgroup under its pids limit.
+        assert sb.exec("cat /proc/self/cgroup").stdout.strip() == "0::/sandbox"
+        assert sb.exec("cat /sys/fs/cgroup/sandbox/pids.max").stdout.strip() == "200"
+        assert sb.exec("hostname").stdout.strip() == sb.id
+        sb.write_file("/root/note", "kept")
+        # A fork is the same machine: its kernel, its systemd, the state set before.
+        (fork,) = sb.fork(1)
+        with fork:
+            assert fork.exec("uname -r").stdout.strip() == release
+            assert fork.exec("cat /proc/1/comm").stdout.strip() == "systemd"
+            assert fork.exec("cat /root/note").stdout == "kept"
+            assert fork.exec("systemctl is-active hello.service; cat /root/unit-ran").stdout.split() == \
+                ["inactive", "from-unit"]
+            assert fork.exec("hostname").stdout.strip() == fork.id
+    # A microVM of the same image boots dsec's kernel, with the agent as PID 1.
+    if "microvm" in c.node()["backends"]:
+        with c.create(image=image, backend="microvm", memory="256M", timeout=600) as micro:
+            assert _booted_kernel_release(dsec, micro.id) == ""
+            assert micro.exec("cat /proc/1/comm").stdout.strip() == "init"

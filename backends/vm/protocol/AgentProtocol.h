@@ -299,8 +299,11 @@ struct SetupMsg {
   int64_t upper_bytes = 0;
   int64_t pids = 0;
   std::map<std::string, std::string> env;
+  // The image's own init ("/sbin/init"), run as PID 1 once the root is ready (the agent goes on beside it);
+  // "" : the agent stays PID 1.
+  std::string init;
   std::string encode() const {
-    return Writer().str(hostname).u32(layer_disks).i64(upper_bytes).i64(pids).strMap(env).take();
+    return Writer().str(hostname).u32(layer_disks).i64(upper_bytes).i64(pids).strMap(env).str(init).take();
   }
   bool decode(std::string_view p) {
     Reader r(p);
@@ -309,7 +312,11 @@ struct SetupMsg {
     upper_bytes = r.i64();
     pids = r.i64();
     env = r.strMap();
-    if (layer_disks > 26 || upper_bytes < 0 || pids < 0 || hostname.size() > 64) r.fail();
+    init = r.str();
+    if (layer_disks > 26 || upper_bytes < 0 || pids < 0 || hostname.size() > 64 || init.size() > 256 ||
+        (!init.empty() && init[0] != '/')) {
+      r.fail();
+    }
     return r.done();
   }
 };

@@ -233,6 +233,7 @@ class ChannelImpl : public AgentChannel {
     m.upper_bytes = std::max<int64_t>(0, setup.upper_bytes);
     m.pids = std::max<int64_t>(0, setup.pids);
     m.env = setup.env;
+    m.init = setup.init;
     return simple(proto::FrameType::kSetup, m.encode(), timeout_seconds > 0 ? timeout_seconds : kShortRequestSeconds);
   }
 

@@ -32,6 +32,14 @@ Result<std::string> readWhole(const std::string& path) {
 
 }  // namespace
 
+bool isModuleFileName(const std::string& name) {
+  for (const char* suffix : {".ko", ".ko.xz", ".ko.zst", ".ko.gz"}) {
+    std::string_view s(suffix);
+    if (name.size() > s.size() && name.ends_with(s)) return true;
+  }
+  return false;
+}
+
 Result<std::string> findGuestKernelDir() {
   const char* env = getenv("DSEC_GUEST_KERNEL_DIR");
   std::string dir = env != nullptr && *env != '\0' ? env : kDefaultKernelDir;
@@ -73,7 +81,7 @@ Status writeInitramfs(const std::string& out_path, const std::string& agent_path
     std::string kept_order;
     while (std::getline(lines, name)) {
       if (name.empty()) continue;
-      if (name.find('/') != std::string::npos || name.size() < 4 || name.substr(name.size() - 3) != ".ko") {
+      if (name.find('/') != std::string::npos || name.starts_with(".") || !isModuleFileName(name)) {
         return Error::invalid("bad module name in " + kernel_dir + "/modules.order: " + name);
       }
       DSEC_ASSIGN_OR_RETURN(std::string module, readWhole(kernel_dir + "/modules/" + name));

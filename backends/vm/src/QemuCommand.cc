@@ -63,6 +63,7 @@ std::vector<std::string> qemuArgv(const QemuConfig& c) {
   if (micro) append += " pci=off";
   if (c.accel != "kvm" && c.tsc_khz > 0) append += " tsc_early_khz=" + std::to_string(c.tsc_khz) + " tsc=reliable";
   append += c.console_log.empty() ? " console=none" : " console=ttyS0";
+  if (!c.init_hostname.empty()) append += " systemd.hostname=" + c.init_hostname;
   a.insert(a.end(), {"-kernel", c.kernel, "-initrd", c.initrd, "-append", append});
   if (!c.console_log.empty()) a.insert(a.end(), {"-serial", "file:" + c.console_log});
   for (size_t i = 0; i < c.layer_files.size(); ++i) {

@@ -26,6 +26,8 @@ struct QemuConfig {
   uint32_t run_as = 0;      // uid and gid QEMU drops to (0: stays root; only tests)
   bool incoming = false;    // -incoming defer (a restore)
   std::string console_log;  // "" : no console
+  // Booting an image's own init: the sandbox's hostname for it (systemd.hostname= outranks the image's /etc/hostname).
+  std::string init_hostname;
 };
 
 std::vector<std::string> qemuArgv(const QemuConfig& config);

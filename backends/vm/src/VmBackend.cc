@@ -5,14 +5,19 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <ctime>
+#include <map>
+#include <mutex>
 
 #include "QemuCommand.h"
 #include "VmLaunch.h"
 #include "VmSandbox.h"
 #include "VmSnapshotFiles.h"
+#include "dsec/backends/vm/ImageKernel.h"
 #include "dsec/backends/vm/Initramfs.h"
 #include "dsec/common/Directory.h"
 #include "dsec/common/Logging.h"
@@ -50,6 +55,12 @@ std::string randomBytes(size_t n) {
     got += static_cast<size_t>(r);
   }
   return out;
+}
+
+bool isPlainHostname(const std::string& name) {
+  return !name.empty() && name.size() <= 64 && std::all_of(name.begin(), name.end(), [](char ch) {
+    return std::isalnum(static_cast<unsigned char>(ch)) != 0 || ch == '-' || ch == '.';
+  });
 }
 
 Status validateSpec(const SandboxSpec& spec, const std::string& kind) {
@@ -119,6 +130,9 @@ class VmBackend : public Backend {
     if (boot.memory_bytes < kMinMemoryBytes)
       return Error::invalid(name() + " sandboxes need at least 128 MiB of memory");
     boot.cpus = std::max(1, static_cast<int>(std::ceil(spec.cpus)));
+    auto files = bootFiles(spec);
+    if (!files.ok()) return files.error().wrap("create sandbox " + spec.id);
+    boot.files = std::move(files).value();
     auto made = start(spec, boot);
     if (!made.ok()) return made.error().wrap("create sandbox " + spec.id);
     return made;
@@ -134,7 +148,14 @@ class VmBackend : public Backend {
       return Error::invalid("snapshot has " + std::to_string(info.layers) + " layers, the image " +
                             std::to_string(spec.lower_files.size()));
     }
+    DSEC_ASSIGN_OR_RETURN(BootFiles files, bootFiles(spec));
+    if (files.kernel_release != info.kernel_release) {
+      auto named = [](const std::string& r) { return r.empty() ? std::string("dsec's guest kernel") : "kernel " + r; };
+      return Error::invalid("snapshot was taken under " + named(info.kernel_release) + ", the image boots " +
+                            named(files.kernel_release));
+    }
     Boot boot;
+    boot.files = std::move(files);
     boot.memory_bytes = info.memory_bytes;
     boot.cpus = info.cpus;
     boot.snapshot_dir = dir;
@@ -164,6 +185,7 @@ class VmBackend : public Backend {
       m.memory_bytes = spec.memory_bytes;
       m.cpus = state.value("cpus", 1);
       m.ram_shared = state.value("ram_shared", true);
+      m.kernel_release = state.value("kernel_release", "");
       m.our_child = false;
       DSEC_TRY(checkRunDir(m.run_dir, spec.id));
       auto started = processStartTime(m.pid);
@@ -217,7 +239,15 @@ class VmBackend : public Backend {
   }
 
  private:
+  // What the machine boots: dsec's guest kernel, or (vm sandboxes) the image's own kernel and init.
+  struct BootFiles {
+    std::string kernel;
+    std::string initrd;
+    std::string init;            // the image's init to hand PID 1 to; "" : the agent stays PID 1
+    std::string kernel_release;  // "" : dsec's guest kernel
+  };
   struct Boot {
+    BootFiles files;
     int64_t memory_bytes = 0;
     int cpus = 1;
     std::string snapshot_dir;  // a restore: the state and (snapshot_ram) the RAM come from here
@@ -225,6 +255,38 @@ class VmBackend : public Backend {
   };
 
   std::string runRoot() const { return shared_->options.run_root; }
+
+  // A vm sandbox whose image has a kernel boots it (ImageKernel.h); microVMs, and images without one, boot dsec's.
+  // Found once per image (its layers never change) and remembered.
+  Result<BootFiles> bootFiles(const SandboxSpec& spec) {
+    BootFiles dsec_kernel{shared_->kernel, shared_->initrd, "", ""};
+    if (shared_->options.kind != BackendKind::kVm || spec.lower_dirs.empty()) return dsec_kernel;
+    std::string key;
+    for (const auto& d : spec.lower_dirs) key += d + "\n";
+    {
+      std::lock_guard lock(boot_mu_);
+      auto it = boot_cache_.find(key);
+      if (it != boot_cache_.end() && ::access(it->second.kernel.c_str(), R_OK) == 0 &&
+          ::access(it->second.initrd.c_str(), R_OK) == 0) {
+        return it->second;
+      }
+    }
+    DSEC_ASSIGN_OR_RETURN(UniqueFd view, openImageView(spec.lower_dirs));
+    DSEC_ASSIGN_OR_RETURN(auto found, findImageKernel(view.get()));
+    BootFiles files = dsec_kernel;
+    if (found) {
+      DSEC_ASSIGN_OR_RETURN(std::string dir, prepareImageKernelDir(view.get(), *found, kVmShmRoot));
+      DSEC_ASSIGN_OR_RETURN(files.initrd, sharedInitramfs(shared_->agent, dir));
+      files.kernel = dir + "/vmlinuz";
+      files.init = found->init;
+      files.kernel_release = found->release;
+      DSEC_LOG(kInfo, kLog) << "image " << spec.image << " boots its own kernel " << found->release
+                            << (found->init.empty() ? "" : " and init " + found->init);
+    }
+    std::lock_guard lock(boot_mu_);
+    boot_cache_[key] = files;
+    return files;
+  }
 
   Status checkRunDir(const std::string& dir, const std::string& id) const {
     if (dir != runRoot() + "/" + id) return Error::notFound("run dir " + dir + " is not this backend's");
@@ -236,6 +298,7 @@ class VmBackend : public Backend {
     m.memory_bytes = boot.memory_bytes;
     m.cpus = boot.cpus;
     m.ram_shared = boot.snapshot_dir.empty();
+    m.kernel_release = boot.files.kernel_release;
     // Whatever step fails, nothing is left: the machine's teardown kills QEMU and removes the cgroup and run dir.
     struct Undo {
       VmMachine* m;
@@ -270,13 +333,14 @@ class VmBackend : public Backend {
     c.accel = shared_->accel.accel;
     c.cpus = boot.cpus;
     c.memory_bytes = boot.memory_bytes;
-    c.kernel = shared_->kernel;
-    c.initrd = shared_->initrd;
+    c.kernel = boot.files.kernel;
+    c.initrd = boot.files.initrd;
     c.tsc_khz = shared_->tsc_khz;
     c.layer_files = spec.lower_files;
     c.run_dir = m.run_dir;
     c.run_as = m.host_base;
     c.incoming = !boot.snapshot_dir.empty();
+    if (!boot.files.init.empty() && isPlainHostname(spec.id)) c.init_hostname = spec.id;
     if (!getenvOr("DSEC_VM_CONSOLE", "").empty()) c.console_log = m.run_dir + "/console.log";
     if (boot.snapshot_ram) {
       c.ram_path = boot.snapshot_dir + "/" + kSnapshotRamFile;  // mapped privately: forks share its pages
@@ -335,6 +399,7 @@ class VmBackend : public Backend {
       s.upper_bytes = spec.disk_bytes;
       s.pids = spec.pids;
       s.env = spec.env;
+      s.init = boot.files.init;
       if (auto st = (*channel)->setup(s, 60); !st.ok()) return qemuFailed(st.error().wrap("guest setup"));
     }
     SandboxSpec stored = spec;
@@ -346,6 +411,8 @@ class VmBackend : public Backend {
   }
 
   std::shared_ptr<VmShared> shared_;
+  std::mutex boot_mu_;
+  std::map<std::string, BootFiles> boot_cache_;  // by the image's layer dirs
 };
 
 }  // namespace
@@ -380,6 +447,7 @@ Result<std::unique_ptr<Backend>> makeVmBackend(const VmBackendOptions& options) 
   DSEC_TRY(makeDirs(shared->options.run_root, 0700));
   if (::chmod(shared->options.run_root.c_str(), 0700) != 0) return Error::sys(errno, "chmod run root");
   DSEC_ASSIGN_OR_RETURN(shared->initrd, sharedInitramfs(agent, kernel_dir));
+  shared->agent = agent;
   shared->tsc_khz = hostTscKhz();
   DSEC_ASSIGN_OR_RETURN(shared->cgroups, detectCgroupDriver(options.cgroup_parent));
   IdRangeOptions ranges;

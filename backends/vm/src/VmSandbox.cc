@@ -295,6 +295,7 @@ nlohmann::json VmSandbox::persistentState() const {
                         {"memory_bytes", machine_.memory_bytes},
                         {"cpus", machine_.cpus},
                         {"ram_shared", machine_.ram_shared},
+                        {"kernel_release", machine_.kernel_release},
                         {"disk_bytes", spec_.disk_bytes},
                         {"pids", spec_.pids},
                         {"lower_files", spec_.lower_files},

@@ -28,7 +28,8 @@ struct VmShared {
   AccelChoice accel;
   int64_t tsc_khz = 0;
   std::string kernel;  // <kernel_dir>/vmlinux
-  std::string initrd;  // <run_root>/initramfs.cpio, written once per backend
+  std::string initrd;  // the initramfs of that kernel (sharedInitramfs)
+  std::string agent;   // dsec-guest-agent, for the initramfs of an image's own kernel
   std::unique_ptr<CgroupDriver> cgroups;
   std::unique_ptr<IdRangeAllocator> id_ranges;
 };
@@ -45,7 +46,8 @@ struct VmMachine {
   std::unique_ptr<Cgroup> cgroup;
   int64_t memory_bytes = 0;  // guest RAM
   int cpus = 1;
-  bool ram_shared = true;  // RAM is the run dir's own file (a cold boot), not a snapshot's mapped privately
+  bool ram_shared = true;      // RAM is the run dir's own file (a cold boot), not a snapshot's mapped privately
+  std::string kernel_release;  // the image's own kernel it booted; "" : dsec's guest kernel
 };
 
 class VmSandbox : public Sandbox {

@@ -53,6 +53,7 @@ Result<SnapshotKind> VmSandbox::snapshot(const std::string& dir) {
   info.memory_bytes = machine_.memory_bytes;
   info.cpus = machine_.cpus;
   info.layers = static_cast<int>(spec_.lower_files.size());
+  info.kernel_release = machine_.kernel_release;
   info.ram_file = machine_.ram_shared;
   int64_t ram_bytes = 0;
   if (machine_.ram_shared) {

@@ -28,6 +28,7 @@ Result<VmSnapshotInfo> readSnapshotInfo(const std::string& dir) {
     info.cpus = j.at("cpus").get<int>();
     info.layers = j.at("layers").get<int>();
     info.ram_file = j.at("ram_file").get<bool>();
+    info.kernel_release = j.value("kernel_release", "");
   } catch (const nlohmann::json::exception& e) {
     return Error::invalid(dir + ": vm.json: " + e.what());
   }
@@ -39,8 +40,9 @@ Result<VmSnapshotInfo> readSnapshotInfo(const std::string& dir) {
 }
 
 Status writeSnapshotInfo(const std::string& dir, const VmSnapshotInfo& info) {
-  nlohmann::json j{{"format", 1},       {"kind", info.kind},     {"memory_bytes", info.memory_bytes},
-                   {"cpus", info.cpus}, {"layers", info.layers}, {"ram_file", info.ram_file}};
+  nlohmann::json j{
+      {"format", 1},           {"kind", info.kind},         {"memory_bytes", info.memory_bytes},    {"cpus", info.cpus},
+      {"layers", info.layers}, {"ram_file", info.ram_file}, {"kernel_release", info.kernel_release}};
   return writeFileAtomic(dir + "/" + kSnapshotInfoFile, j.dump(2) + "\n", 0600);
 }
 

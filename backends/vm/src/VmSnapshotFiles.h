@@ -21,6 +21,7 @@ struct VmSnapshotInfo {
   int cpus = 1;
   int layers = 0;
   bool ram_file = false;
+  std::string kernel_release;  // the image's own kernel the machine booted; "" : dsec's guest kernel
 };
 
 Result<VmSnapshotInfo> readSnapshotInfo(const std::string& dir);

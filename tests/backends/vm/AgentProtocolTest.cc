@@ -71,11 +71,17 @@ TEST(AgentProtocolTest, MessagesRoundTrip) {
   ASSERT_EQ(d2.entries.size(), 2u);
   EXPECT_EQ(d2.entries[1].name, "b");
   EXPECT_EQ(d2.entries[1].type, EntryType::kSymlink);
-  SetupMsg setup{"h", 3, 1 << 20, 64, {{"K", "V"}}};
+  SetupMsg setup{"h", 3, 1 << 20, 64, {{"K", "V"}}, "/sbin/init"};
   SetupMsg s2;
   ASSERT_TRUE(s2.decode(setup.encode()));
   EXPECT_EQ(s2.layer_disks, 3u);
   EXPECT_EQ(s2.env.at("K"), "V");
+  EXPECT_EQ(s2.init, "/sbin/init");
+  // The init the agent hands PID 1 to is an absolute path of bounded length.
+  for (const std::string& bad : {std::string("sbin/init"), "/" + std::string(300, 'x')}) {
+    SetupMsg relative{"h", 1, 0, 0, {}, bad};
+    EXPECT_FALSE(SetupMsg().decode(relative.encode())) << bad;
+  }
 }
 
 TEST(AgentProtocolTest, OversizeFramesAreRefusedBeforeTheirPayload) {

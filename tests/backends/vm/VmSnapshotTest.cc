@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <set>
 #include <thread>
 
@@ -13,6 +14,14 @@ namespace dsec::testing {
 namespace {
 
 class VmSnapshotTest : public VmTest {};
+
+// A process's resident memory (VmRSS), or -1.
+int64_t residentBytes(pid_t pid) {
+  auto status = readFile("/proc/" + std::to_string(pid) + "/status");
+  if (!status.ok()) return -1;
+  size_t at = status->find("VmRSS:");
+  return at == std::string::npos ? -1 : std::strtoll(status->c_str() + at + 6, nullptr, 10) * 1024;
+}
 
 TEST_F(VmSnapshotTest, ForksCarryFilesAndRunningProcessesAndThenDiverge) {
   auto parent_spec = makeSpec();
@@ -65,9 +74,23 @@ TEST_F(VmSnapshotTest, ForksCarryFilesAndRunningProcessesAndThenDiverge) {
 
   // Memory a copy frees goes back to the host without touching the snapshot: a copy drops the pages of a file the
   // parent wrote before the snapshot, free page reporting hands them back, and a new restore still reads them.
+  // The copy reads the payload first, so its QEMU maps those pages of the snapshot's RAM file; once the guest has
+  // freed them and free page reporting has handed them back, QEMU has dropped them (its RSS falls): only then has
+  // the snapshot been at risk.
+  EXPECT_EQ(sh(*forks[0], "md5sum < /work/payload").stdout_data, payload_sum);
+  const auto qemu = forks[0]->persistentState()["pid"].get<pid_t>();
+  const int64_t mapped = residentBytes(qemu);
+  ASSERT_GT(mapped, 48ll << 20);
   sh(*forks[0], "rm /work/payload; sync; echo 3 > /proc/sys/vm/drop_caches");
   ASSERT_OK(forks[0]->reclaimMemory());
-  std::this_thread::sleep_for(std::chrono::seconds(5));
+  int64_t now = mapped;
+  for (const double deadline = monotonicSeconds() + 60; monotonicSeconds() < deadline;) {
+    now = residentBytes(qemu);
+    if (now >= 0 && now <= mapped - (24ll << 20)) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  ASSERT_LE(now, mapped - (24ll << 20)) << "the copy's freed pages never went back to the host (RSS "
+                                        << formatBytes(mapped) << " -> " << formatBytes(now) << ")";
   auto late = backend_->restore(makeSpec(), snap.path());
   ASSERT_OK(late);
   auto& third = adopt(std::move(late).value());

@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <exception>
@@ -105,6 +106,8 @@ void mountKernelFilesystems() {
   }
 }
 
+constexpr int kModuleInitCompressedFile = 4;  // MODULE_INIT_COMPRESSED_FILE (linux/module.h, 5.17)
+
 // modules.order lists the initramfs's modules in load order (dependencies first); built-in ones are not there.
 void loadModules() {
   std::ifstream order("/lib/modules/modules.order");
@@ -117,7 +120,9 @@ void loadModules() {
       logLine("module " + path + ": " + strerror(errno));
       continue;
     }
-    if (syscall(SYS_finit_module, fd, "", 0) != 0 && errno != EEXIST) {
+    // An image's kernel may ship compressed modules: the kernel decompresses them itself (CONFIG_MODULE_DECOMPRESS).
+    const bool compressed = (name.ends_with(".xz") || name.ends_with(".zst") || name.ends_with(".gz"));
+    if (syscall(SYS_finit_module, fd, "", compressed ? kModuleInitCompressedFile : 0) != 0 && errno != EEXIST) {
       logLine("loading " + name + ": " + strerror(errno));
     }
     close(fd);
@@ -211,8 +216,10 @@ void scanPorts(std::set<std::string>& served) {
     if (name.rfind("dsec.", 0) != 0) continue;
     std::string dev = std::string("/dev/") + e->d_name;
     int fd = open(dev.c_str(), O_RDWR | O_NONBLOCK | O_CLOEXEC);
-    if (fd < 0) continue;  // its node may not be there yet
+    if (fd < 0) continue;  // its node may not be there yet (or, just after a hand-off to init, still closing)
     served.insert(e->d_name);
+    Port port(fd, name);
+    answerHandoff(port);
     std::thread(servePort, fd, name).detach();
   }
   closedir(dir);
@@ -221,7 +228,7 @@ void scanPorts(std::set<std::string>& served) {
 }  // namespace
 }  // namespace dsec::guest
 
-int main() {
+int main(int argc, char** argv) {
   using namespace dsec::guest;
   signal(SIGPIPE, SIG_IGN);
   sigset_t chld;
@@ -229,8 +236,13 @@ int main() {
   sigaddset(&chld, SIGCHLD);
   // Blocked in every thread (they inherit it): only the main thread takes SIGCHLD, through sigtimedwait.
   sigprocmask(SIG_BLOCK, &chld, nullptr);
-  mountKernelFilesystems();
-  loadModules();
+  if (argc == 3 && strcmp(argv[1], "--after-init") == 0) {
+    // Beside the image's init: the kernel's filesystems, the modules and the sandbox are there already.
+    if (!resumeAfterInit(static_cast<int>(std::strtol(argv[2], nullptr, 10)))) return 1;
+  } else {
+    mountKernelFilesystems();
+    loadModules();
+  }
   std::set<std::string> served;
   timespec start{};
   clock_gettime(CLOCK_MONOTONIC, &start);

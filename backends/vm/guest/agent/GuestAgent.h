@@ -95,4 +95,11 @@ void handleStat(Port& port, const proto::Frame& frame);
 void handleListDir(Port& port, const proto::Frame& frame);
 void handleRemove(Port& port, const proto::Frame& frame);
 
+// The image's init as PID 1 (GuestHandoff.cc). handOffInit runs in PID 1 after setup: it returns only on failure,
+// with why. The agent re-exec'd beside the init calls resumeAfterInit with the inherited root fd, then
+// answerHandoff on each port it opens (the one the setup came on gets its answer).
+std::string handOffInit(Port& port, uint32_t request, const proto::SetupMsg& setup);
+bool resumeAfterInit(int root_fd);
+void answerHandoff(Port& port);
+
 }  // namespace dsec::guest

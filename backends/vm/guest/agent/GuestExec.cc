@@ -47,6 +47,7 @@ struct ChildPlan {
   std::vector<char*> argv, envp;
   std::string cwd;
   int cgroup_fd = -1;
+  int root_fd = -1;  // the sandbox root (by fd: once the image's init runs, /sandbox is no longer its path)
   int stdin_fd = -1, stdout_fd = -1, stderr_fd = -1;  // pipes' child ends, or the terminal's slave
   bool tty = false;
   int status_fd = -1;  // write end: errno if it could not exec
@@ -61,7 +62,7 @@ struct ChildPlan {
   if (setsid() < 0) err = errno;
   // Into the sandbox's cgroup before anything of the command runs (the pids limit holds from its first fork).
   if (err == 0 && p.cgroup_fd >= 0 && ::write(p.cgroup_fd, "0", 1) != 1) err = errno;
-  if (err == 0 && chroot(kSandboxRoot) != 0) err = errno;
+  if (err == 0 && (fchdir(p.root_fd) != 0 || chroot(".") != 0)) err = errno;
   if (err == 0 && chdir(p.cwd.c_str()) != 0) err = errno;
   if (err == 0 && p.tty && ioctl(p.stdin_fd, TIOCSCTTY, 0) != 0) err = errno;
   if (err == 0) {
@@ -97,6 +98,7 @@ class ExecRun {
         port_.sendError(request_, ENODEV, "the sandbox is not set up");
         return false;
       }
+      plan.root_fd = sandbox().root_fd;
       env = sandbox().env;
     }
     env.emplace("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin");

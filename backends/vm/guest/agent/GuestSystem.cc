@@ -175,6 +175,11 @@ void handleSetup(Port& port, const proto::Frame& frame) {
     port.sendError(frame.request, err, why + ": " + strerror(err));
     return;
   }
+  if (!m.init.empty()) {
+    // Returns only if the init could not be started; the agent beside it answers otherwise.
+    port.sendError(frame.request, ENOEXEC, handOffInit(port, frame.request, m));
+    return;
+  }
   port.send(proto::FrameType::kOk, frame.request, {});
 }
 

@@ -33,6 +33,9 @@ struct GuestSetup {
   int64_t upper_bytes = 0;  // 0: half the guest's memory
   int64_t pids = 0;         // 0: unlimited (else a guest cgroup holds every command)
   std::map<std::string, std::string> env;
+  // The image's init to hand PID 1 to once the root is ready ("" : the agent stays PID 1). The guest answers the
+  // setup only when the agent runs again beside it.
+  std::string init;
 };
 
 // What a restored (or forked) copy changes before it runs anything: it is a new machine.

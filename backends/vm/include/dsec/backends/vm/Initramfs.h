@@ -14,6 +14,9 @@ Result<std::string> findGuestKernelDir();
 // dsec-guest-agent: next to the running executable, in ../libexec/dsec from it, else in the build tree.
 Result<std::string> findGuestAgent();
 
+// "<name>.ko", or one compressed as the kernel can load it itself (.ko.xz, .ko.zst, .ko.gz).
+bool isModuleFileName(const std::string& name);
+
 // Writes a newc cpio archive to out_path (replaced atomically): /init (the agent), /dev/console,
 // /lib/modules/<name>.ko for each line of kernel_dir/modules.order and /lib/modules/modules.order.
 Status writeInitramfs(const std::string& out_path, const std::string& agent_path, const std::string& kernel_dir);
