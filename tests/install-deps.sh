@@ -11,6 +11,8 @@ PACKAGES=(
   libgtest-dev libgmock-dev
   # layers, sandboxes, placement (git, listed above, also makes `dsec layer build --scrub-git` layers)
   erofs-utils debootstrap busybox-static iproute2 util-linux patch libhwloc-dev hwloc
+  # on-demand layers from a shared store (a FUSE file per layer under the EROFS mount)
+  libfuse3-dev fuse3
   # a local Slurm cluster for the Slurm tests (slurmctld, slurmd, munge, Open MPI with PMIx)
   slurmctld slurmd slurm-client munge libslurm-dev openmpi-bin libopenmpi-dev libpmix-dev
   # SDK and tests

@@ -1,9 +1,11 @@
-// dsec layer build|ls|rm: works directly on the local layer store at --root (no server needed).
+// dsec layer build|ls|rm|push: works directly on the local layer store at --root and the shared store at --store
+// (no server needed).
 #include <iostream>
 #include <nlohmann/json.hpp>
 
 #include "Commands.h"
 #include "LayerBuild.h"
+#include "LayerPush.h"
 #include "Progress.h"
 #include "Table.h"
 #include "dsec/common/Process.h"
@@ -46,7 +48,10 @@ int layerBuild(const Invocation& inv) {
       "on", po::value<std::string>(), "with --run: the image to run on, e.g. debian:12")(
       "run", po::value<std::string>(), "with --on: shell command whose file changes become the layer")(
       "scrub-git", po::bool_switch(),
-      "with --from-dir or --run: replace each git repository by one commit of its working tree (no history)");
+      "with --from-dir or --run: replace each git repository by one commit of its working tree (no history)")(
+      "store", po::value<std::string>()->default_value(defaultStore()),
+      "also push the layer to this shared layer store (env DSEC_STORE; '' : do not)")(
+      "chunk-size", po::value<std::string>()->default_value("128K"), "with --store: the chunk size");
   po::positional_options_description positional;
   positional.add("ref", 1);
   po::variables_map vm;
@@ -74,6 +79,9 @@ int layerBuild(const Invocation& inv) {
     auto image = fs3::parseImageRef(vm["on"].as<std::string>());
     if (!image.ok()) throw UsageError("--on: " + image.error().message());
   }
+  const std::string store_dir = vm["store"].as<std::string>();
+  auto chunk_size = parseByteSize(vm["chunk-size"].as<std::string>());
+  if (!chunk_size.ok()) throw UsageError("--chunk-size: " + chunk_size.error().message());
 
   fs3::LayerStore store(common.root);
   Progress progress("layer build " + ref.toString());
@@ -106,6 +114,10 @@ int layerBuild(const Invocation& inv) {
   if (!built.ok()) return reportError(inv, built.error());
   progress.finish();
   printManifest(*built);
+  if (!store_dir.empty()) {
+    if (Status pushed = pushLayer(store, ref, store_dir, *chunk_size); !pushed.ok())
+      return reportError(inv, pushed.error());
+  }
   return kExitOk;
 }
 
@@ -113,9 +125,11 @@ int layerLs(const Invocation& inv) {
   CommonOptions common;
   po::options_description desc("options");
   addCommonOptions(desc, &common, false);
-  desc.add_options()("json", po::bool_switch(), "print the manifests as JSON");
+  desc.add_options()("json", po::bool_switch(), "print the manifests as JSON")(
+      "store", po::value<std::string>(), "list the shared layer store at this directory instead of the node's");
   po::variables_map vm;
   if (!parseCommandLine(inv, inv.args, desc, {}, "", &vm, &common)) return kExitOk;
+  if (vm.count("store") != 0) return layerLsStore(inv, vm["store"].as<std::string>(), vm["json"].as<bool>());
   fs3::LayerStore store(common.root);
   auto layers = store.list();
   if (!layers.ok()) return reportError(inv, layers.error());
@@ -169,15 +183,17 @@ int layerRm(const Invocation& inv) {
 
 int cmdLayer(const Invocation& inv) {
   static const std::pair<const char*, int (*)(const Invocation&)> kSubcommands[] = {
-      {"build", layerBuild}, {"ls", layerLs}, {"rm", layerRm}};
+      {"build", layerBuild}, {"ls", layerLs}, {"rm", layerRm}, {"push", layerPush}};
   if (inv.args.empty() || inv.args[0] == "--help" || inv.args[0] == "-h") {
     std::ostream& out = inv.args.empty() ? std::cerr : std::cout;
     out << "usage: dsec layer build NAME:VERSION (--from-dir DIR | --debootstrap SUITE [--mirror URL] |\n"
-           "                                      --on IMAGE --run CMD) [--scrub-git]\n"
-           "       dsec layer ls\n"
+           "                                      --on IMAGE --run CMD) [--scrub-git] [--store DIR]\n"
+           "       dsec layer ls [--store DIR]\n"
            "       dsec layer rm NAME:VERSION...\n"
-           "Layers live in <root>/layers (--root, default $DSEC_ROOT or /var/lib/dsec).\n";
-    if (inv.args.empty()) throw UsageError("missing layer command (build, ls, rm)");
+           "       dsec layer push NAME:VERSION... --store DIR [--chunk-size 128K]\n"
+           "Layers live in <root>/layers (--root, default $DSEC_ROOT or /var/lib/dsec); the cluster's shared store,\n"
+           "which nodes read on demand, is --store (default $DSEC_STORE).\n";
+    if (inv.args.empty()) throw UsageError("missing layer command (build, ls, rm, push)");
     return kExitOk;
   }
   for (const auto& [name, run] : kSubcommands) {
@@ -190,7 +206,7 @@ int cmdLayer(const Invocation& inv) {
       return kExitUsage;
     }
   }
-  throw UsageError("unknown layer command '" + inv.args[0] + "' (build, ls, rm)");
+  throw UsageError("unknown layer command '" + inv.args[0] + "' (build, ls, rm, push)");
 }
 
 }  // namespace dsec::cli

@@ -12,6 +12,7 @@
 #include "dsec/common/Logging.h"
 #include "dsec/common/Strings.h"
 #include "dsec/fs3/MountInfo.h"
+#include "dsec/fs3/SharedLayers.h"
 
 namespace dsec::fs3 {
 namespace {
@@ -40,7 +41,7 @@ void removeMountDirs(const std::string& dir) {
 std::vector<std::string> ImageMount::files() const {
   std::vector<std::string> out;
   if (mounter_ == nullptr) return out;
-  for (const auto& ref : layers_) out.push_back(mounter_->store_->imagePath(ref));
+  for (const auto& ref : layers_) out.push_back(mounter_->fileOf(ref));
   return out;
 }
 
@@ -78,6 +79,28 @@ int LayerMounter::refCount(const LayerRef& ref) const {
 
 bool LayerMounter::isMounted(const LayerRef& ref) const { return refCount(ref) > 0; }
 
+std::string LayerMounter::fileOf(const LayerRef& ref) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = files_.find(ref);
+  return it != files_.end() ? it->second : store_->imagePath(ref);
+}
+
+void LayerMounter::setSharedLayers(SharedLayers* shared) {
+  std::lock_guard<std::mutex> lock(mu_);
+  shared_ = shared;
+}
+
+bool LayerMounter::available(const LayerRef& ref) const {
+  if (store_->exists(ref)) return true;
+  std::lock_guard<std::mutex> lock(mu_);
+  return shared_ != nullptr && shared_->has(ref);
+}
+
+Status LayerMounter::mountShared(const LayerRef& ref) {
+  DSEC_ASSIGN_OR_RETURN(std::string file, shared_->fileFor(ref));
+  return mountLayer(ref, file, true);
+}
+
 Result<std::unique_ptr<ImageMount>> LayerMounter::acquire(const std::vector<LayerRef>& layers) {
   if (layers.empty()) return Error::invalid("image has no layers");
   std::vector<std::string> dirs;
@@ -98,8 +121,10 @@ Result<std::unique_ptr<ImageMount>> LayerMounter::acquire(const std::vector<Laye
       ++it->second;
       continue;
     }
-    Status st = store_->exists(ref)
-                    ? mountLayer(ref)
+    // The node's own copy if it has one, else the shared store's, read on demand.
+    Status st = store_->exists(ref) ? mountLayer(ref, store_->imagePath(ref), false)
+                : shared_ != nullptr && shared_->has(ref)
+                    ? mountShared(ref)
                     : Error::notFound("layer " + ref.toString() + " of image " + imageToString(layers) + " not found");
     if (!st.ok()) {
       for (size_t j = 0; j < i; ++j) dropRef(layers[j]);
@@ -148,8 +173,7 @@ Status LayerMounter::ensureMountRoot() {
   return okStatus();
 }
 
-Status LayerMounter::mountLayer(const LayerRef& ref) {
-  std::string image = store_->imagePath(ref);
+Status LayerMounter::mountLayer(const LayerRef& ref, const std::string& image, bool on_demand) {
   std::string dir = mountPoint(ref);
   DSEC_TRY(ensureMountRoot());
   DSEC_TRY(makeDirs(dir, 0755));
@@ -158,11 +182,17 @@ Status LayerMounter::mountLayer(const LayerRef& ref) {
   struct stat parent {};
   if (::stat(dir.c_str(), &here) == 0 && ::stat(parentOf(dir).c_str(), &parent) == 0 && here.st_dev != parent.st_dev) {
     struct statfs fs {};
-    if (::statfs(dir.c_str(), &fs) == 0 && fs.f_type == EROFS_SUPER_MAGIC_V1) {
+    if (::statfs(dir.c_str(), &fs) == 0 && fs.f_type == EROFS_SUPER_MAGIC_V1 && !on_demand) {
       DSEC_LOG(kInfo, "fs3") << "reusing existing mount of layer " << ref.toString() << " at " << dir;
+      files_[ref] = image;
       return okStatus();
     }
-    return Error(ErrorCode::kConflict, "something other than EROFS is mounted at " + dir);
+    if (!on_demand || fs.f_type != EROFS_SUPER_MAGIC_V1) {
+      return Error(ErrorCode::kConflict, "something other than EROFS is mounted at " + dir);
+    }
+    // An on-demand layer left by an earlier agent reads through that agent's FUSE files, gone with it: mount anew.
+    DSEC_TRY(unmountDir(dir));
+    DSEC_TRY(makeDirs(dir, 0755));
   }
   Status fault = checkFault("fs3.mount_layer");
   if (!fault.ok()) {
@@ -182,10 +212,12 @@ Status LayerMounter::mountLayer(const LayerRef& ref) {
     }
     return Error::sys(err, "mounting layer " + ref.toString() + ": mount -t erofs " + image + " " + dir);
   }
+  files_[ref] = image;
   return okStatus();
 }
 
 Status LayerMounter::unmountLayer(const LayerRef& ref) {
+  files_.erase(ref);
   std::string dir = mountPoint(ref);
   DSEC_TRY(unmountDir(dir));
   removeMountDirs(dir);

@@ -170,3 +170,46 @@ TEST_F(CliLayer, RunBuildOfExistingLayerRefusedBeforeRunning) {
 
 }  // namespace
 }  // namespace dsec::testing
+
+namespace dsec::testing {
+namespace {
+
+TEST_F(CliLayer, PushToASharedStoreListsItAndIsIdempotent) {
+  TempDir store;
+  TempDir src;
+  std::ofstream(src.path() + "/hello.txt") << "hello\n";
+  ASSERT_EQ(dsec({"layer", "build", "demo:1", "--from-dir", src.path()}).exit_code, 0);
+  // No store given: a usage error naming the flag.
+  auto none = runDsec({"layer", "push", "demo:1", "--root", root_.path()}, {{"DSEC_STORE", ""}});
+  EXPECT_NE(none.exit_code, 0);
+  EXPECT_NE(none.err.find("--store"), std::string::npos) << none.err;
+
+  auto pushed = dsec({"layer", "push", "demo:1", "--store", store.path()});
+  ASSERT_EQ(pushed.exit_code, 0) << pushed.err;
+  EXPECT_NE(pushed.out.find("pushed demo:1 to " + store.path()), std::string::npos) << pushed.out;
+  EXPECT_TRUE(fs::exists(store.path() + "/layers/demo/1/manifest.json"));
+  auto again = dsec({"layer", "push", "demo:1", "--store", store.path()});
+  ASSERT_EQ(again.exit_code, 0) << again.err;
+  EXPECT_NE(again.out.find(": 0 of "), std::string::npos) << again.out;  // nothing new
+
+  // Built with --store: built and pushed in one go; the store lists both.
+  ASSERT_EQ(dsec({"layer", "build", "demo:2", "--from-dir", src.path(), "--store", store.path()}).exit_code, 0);
+  auto listed = dsec({"layer", "ls", "--store", store.path()});
+  ASSERT_EQ(listed.exit_code, 0) << listed.err;
+  EXPECT_NE(listed.out.find("demo:1"), std::string::npos) << listed.out;
+  EXPECT_NE(listed.out.find("demo:2"), std::string::npos) << listed.out;
+  EXPECT_NE(listed.out.find("dedup"), std::string::npos) << listed.out;
+
+  // Another image under a pushed name and version is refused.
+  std::ofstream(src.path() + "/other.txt") << "other\n";
+  ASSERT_EQ(dsec({"layer", "rm", "demo:1"}).exit_code, 0);
+  ASSERT_EQ(dsec({"layer", "build", "demo:1", "--from-dir", src.path()}).exit_code, 0);
+  auto clash = dsec({"layer", "push", "demo:1", "--store", store.path()});
+  EXPECT_NE(clash.exit_code, 0);
+  EXPECT_NE(clash.err.find("immutable"), std::string::npos) << clash.err;
+  auto missing = dsec({"layer", "push", "nope:1", "--store", store.path()});
+  EXPECT_NE(missing.exit_code, 0);
+}
+
+}  // namespace
+}  // namespace dsec::testing

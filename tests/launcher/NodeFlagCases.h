@@ -28,6 +28,8 @@ inline std::vector<FlagCase> everyNodeFlag(bool with_serve_only) {
       {{"--snapshot-retention", "3600"},
        [](const ServeOptions& o) { return o.node.snapshot_retention_seconds == 3600; }},
       {{"--simulate"}, [](const ServeOptions& o) { return o.node.simulate; }},
+      {{"--store", "/tmp"}, [](const ServeOptions& o) { return o.node.store_dir == "/tmp"; }},
+      {{"--chunk-cache", "1G"}, [](const ServeOptions& o) { return o.node.chunk_cache_bytes == (1ll << 30); }},
       {{"--fncall-image", "alpine:3"}, [](const ServeOptions& o) { return o.node.fncall.image == "alpine:3"; }},
       {{"--fncall-workers", "3"}, [](const ServeOptions& o) { return o.node.fncall.max_workers == 3; }},
       {{"--fncall-queue-wait", "0.25"}, [](const ServeOptions& o) { return o.node.fncall.queue_wait_seconds == 0.25; }},

@@ -118,6 +118,8 @@ TEST(NodeOptionsTable, BadValuesAreRefusedNamingTheFlag) {
       "--reaper-interval=0",
       "--density-interval=-1",
       "--cgroup-parent=../escape",
+      "--store=/nonexistent/dsec-store",  // the shared store must be a directory the node reads
+      "--chunk-cache=lots",
       "--listen=8470",
       "--listen=127.0.0.1:70000",
       "--fleet-name=../x",

@@ -139,6 +139,25 @@ json sandboxListJson(const std::vector<SandboxInfo>& infos) {
   return json{{"sandboxes", std::move(out)}};
 }
 
+json sharedStoreJson(const SharedStoreInfo& s) {
+  const fs3::ChunkCacheStats& c = s.cache;
+  json failures = json::array();
+  for (const auto& f : s.failures) failures.push_back({{"chunk", f.chunk}, {"what", f.what}, {"unix", f.unix_time}});
+  return json{{"store", s.store},
+              {"error", stringOrNull(s.error)},
+              {"chunk_cache",
+               {{"capacity_bytes", s.cache_capacity_bytes},
+                {"bytes", c.bytes_cached},
+                {"chunks", c.chunks_cached},
+                {"hits", c.hits},
+                {"misses", c.misses},
+                {"bytes_fetched", c.bytes_fetched},
+                {"evictions", c.evictions},
+                {"corrupt", c.corrupt},
+                {"fetch_errors", c.fetch_errors}}},
+              {"events", std::move(failures)}};
+}
+
 json toJson(const NodeInfo& info) {
   json offered = json::array();
   for (auto kind : info.backends) offered.push_back(backends::backendKindName(kind));
@@ -163,7 +182,8 @@ json toJson(const NodeInfo& info) {
       {"density", info.density ? densityNodeJson(*info.density) : json(nullptr)},
       {"admission", info.admission ? toJson(*info.admission) : json(nullptr)},
       {"isolation", {{"user_namespaces", info.user_namespaces}, {"warning", stringOrNull(info.isolation_warning)}}},
-      {"qos", info.qos ? cpuQosJson(*info.qos) : json(nullptr)}};
+      {"qos", info.qos ? cpuQosJson(*info.qos) : json(nullptr)},
+      {"layer_store", info.layer_store ? sharedStoreJson(*info.layer_store) : json(nullptr)}};
 }
 
 json toJson(const AdmissionInfo& a) {

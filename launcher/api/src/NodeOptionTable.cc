@@ -1,5 +1,7 @@
 #include "dsec/launcher/api/NodeOptionTable.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <climits>
 #include <cmath>
@@ -82,6 +84,13 @@ Status checkNode(const NodeOptions& n) {
   if (n.max_sandboxes <= 0) return flagError("max-sandboxes", "must be > 0");
   if (!positive(n.reaper_interval_seconds)) return flagError("reaper-interval", "must be > 0 seconds");
   if (!(n.snapshot_retention_seconds >= 0)) return flagError("snapshot-retention", "must be >= 0 seconds");
+  if (!n.store_dir.empty()) {
+    struct stat st {};
+    if (::stat(n.store_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+      return flagError("store", n.store_dir + ": not a directory this node can read (the cluster's shared store)");
+    }
+    if (n.chunk_cache_bytes < (16ll << 20)) return flagError("chunk-cache", "must be at least 16M");
+  }
   if (n.cgroup_parent.find("..") != std::string::npos || (!n.cgroup_parent.empty() && n.cgroup_parent[0] == '/')) {
     return flagError("cgroup-parent", "must be a relative cgroup path without '..'");
   }
@@ -123,6 +132,9 @@ std::string defaultNodeRoot() {
 NodeOptionTable::NodeOptionTable(ServeOptions* options, NodeTableParts parts) : options_(options), parts_(parts) {
   if (parts_.root && options_->node.root.empty()) options_->node.root = defaultNodeRoot();
   // Inside a Slurm job the job owns the sandboxes, and its epilog destroys them (JobOwnership.h).
+  if (const char* store = std::getenv("DSEC_STORE"); store != nullptr && options_->node.store_dir.empty()) {
+    options_->node.store_dir = store;
+  }
   if (const char* job = std::getenv("SLURM_JOB_ID"); job != nullptr && options_->node.slurm_job.empty()) {
     options_->node.slurm_job = job;
   }
@@ -153,6 +165,10 @@ void NodeOptionTable::addTo(po::options_description& desc) {
   add("snapshot-retention",
       po::value<double>(&n.snapshot_retention_seconds)->default_value(n.snapshot_retention_seconds),
       "seconds after which the reaper deletes a snapshot (0: kept until deleted)");
+  add("store", po::value<std::string>(&n.store_dir)->default_value(n.store_dir),
+      "the cluster's shared layer store: layers this node lacks are mounted from it on demand (env DSEC_STORE)");
+  add("chunk-cache", po::value<std::string>()->default_value(sizeText(n.chunk_cache_bytes)),
+      "with --store: bytes of the node's chunk cache (<root>/chunk-cache)");
   add("cgroup-parent", po::value<std::string>(&n.cgroup_parent)->default_value(n.cgroup_parent),
       "parent cgroup of the sandboxes (default: dsec, or dsec-<hash of root> for another root)");
   add("simulate", po::bool_switch(&n.simulate)->default_value(n.simulate),
@@ -232,6 +248,7 @@ Status NodeOptionTable::apply(const po::variables_map& vm) {
   DSEC_ASSIGN_OR_RETURN(n.user_namespaces, onOffFlag(vm, "user-namespaces"));
   DSEC_ASSIGN_OR_RETURN(n.vm.enabled, onOffFlag(vm, "vm"));
   DSEC_ASSIGN_OR_RETURN(n.vm.default_memory_bytes, sizeFlag(vm, "vm-memory"));
+  DSEC_ASSIGN_OR_RETURN(n.chunk_cache_bytes, sizeFlag(vm, "chunk-cache"));
   if (vm.count("memory-capacity") != 0) {
     DSEC_ASSIGN_OR_RETURN(n.memory_capacity_bytes, sizeFlag(vm, "memory-capacity"));
   }

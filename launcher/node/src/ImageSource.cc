@@ -1,6 +1,56 @@
 #include "dsec/launcher/node/ImageSource.h"
 
+#include "dsec/common/Logging.h"
+
 namespace dsec::launcher {
+
+LayerImageSource::~LayerImageSource() {
+  // Layers mounted from the shared store's FUSE files go before the FUSE file system does.
+  (void)mounter_.unmountUnused();
+  mounter_.setSharedLayers(nullptr);
+  shared_.reset();
+}
+
+Status LayerImageSource::useSharedStore(const fs3::SharedLayersOptions& options) {
+  shared_options_ = options;
+  auto shared = fs3::SharedLayers::open(options);
+  if (!shared.ok()) {
+    shared_error_ = shared.error().message();
+    DSEC_LOG(kError, "fs3") << "shared layer store " << options.store_dir << " unusable: " << shared_error_;
+    return shared.error();
+  }
+  shared_ = std::move(shared).value();
+  mounter_.setSharedLayers(shared_.get());
+  DSEC_LOG(kInfo, "fs3") << "layers missing here come from the shared store " << options.store_dir
+                         << " on demand (chunk cache " << options.cache_dir << ")";
+  return okStatus();
+}
+
+Status LayerImageSource::check(const std::vector<fs3::LayerRef>& layers) {
+  if (layers.empty()) return Error::invalid("image has no layers");
+  for (const auto& l : layers) {
+    DSEC_TRY(fs3::validateLayerRef(l));
+    if (!mounter_.available(l)) {
+      return Error::notFound("layer " + l.toString() + " of image " + fs3::imageToString(layers) + " not found" +
+                             (shared_ ? " here or in the shared store " + shared_options_.store_dir : "") +
+                             " (build it with `dsec layer build " + l.toString() + " ...`)");
+    }
+  }
+  return okStatus();
+}
+
+std::optional<SharedStoreInfo> LayerImageSource::sharedStore() {
+  if (shared_options_.store_dir.empty()) return std::nullopt;
+  SharedStoreInfo info;
+  info.store = shared_options_.store_dir;
+  info.error = shared_error_;
+  info.cache_capacity_bytes = shared_options_.cache_bytes;
+  if (shared_) {
+    info.cache = shared_->cacheStats();
+    info.failures = shared_->recentFailures();
+  }
+  return info;
+}
 
 Result<std::vector<LayerStatus>> LayerImageSource::layers() {
   DSEC_ASSIGN_OR_RETURN(auto manifests, store_.list());

@@ -617,6 +617,7 @@ NodeInfo NodeAgent::nodeInfo() {
         info.qos ? (info.qos->enabled ? info.qos->free_dedicated_cores : 0) : -1;
   }
   addFncallInfo(&info);
+  info.layer_store = images_->sharedStore();
   return info;
 }
 
@@ -666,6 +667,19 @@ void NodeAgent::renderGauges(std::string* out) {
   for (auto kind : backends::kViolationKinds) {
     prometheus::sample(out, "dsec_violations_total", {{"kind", backends::violationKindName(kind)}},
                        number(backends::violationsTotal(kind)));
+  }
+  if (auto shared = images_->sharedStore()) {
+    const fs3::ChunkCacheStats& c = shared->cache;
+    prometheus::counter(out, "dsec_chunk_cache_hits_total", "Reads of on-demand layers served by the chunk cache.",
+                        c.hits);
+    prometheus::counter(out, "dsec_chunk_cache_misses_total", "Chunks fetched from the shared layer store.", c.misses);
+    prometheus::counter(out, "dsec_chunk_fetched_bytes_total", "Bytes fetched from the shared layer store.",
+                        c.bytes_fetched);
+    prometheus::counter(out, "dsec_chunk_cache_evictions_total", "Chunks evicted from the chunk cache.", c.evictions);
+    prometheus::counter(out, "dsec_chunk_corrupt_total", "Chunks that failed their sha256 (never used).", c.corrupt);
+    prometheus::counter(out, "dsec_chunk_fetch_errors_total", "Chunk fetches that failed after their retries.",
+                        c.fetch_errors);
+    prometheus::gauge(out, "dsec_chunk_cache_bytes", "Bytes of chunks in the node's chunk cache.", c.bytes_cached);
   }
   if (density_) density_->renderMetrics(out);
   if (fncall_) fncall_->renderMetrics(out);

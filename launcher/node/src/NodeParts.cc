@@ -68,7 +68,16 @@ NodeParts makeNodeParts(const NodeOptions& options) {
     parts.backend_unavailable = "container backend unavailable: " + backend.error().message();
   }
   addMachineBackends(options, parts);
-  parts.images = std::make_unique<LayerImageSource>(options.root);
+  auto images = std::make_unique<LayerImageSource>(options.root);
+  if (!options.store_dir.empty()) {
+    fs3::SharedLayersOptions shared;
+    shared.store_dir = options.store_dir;
+    shared.cache_dir = options.root + "/chunk-cache";
+    shared.cache_bytes = options.chunk_cache_bytes;
+    shared.mountpoint = options.root + "/lazy";
+    (void)images->useSharedStore(shared);  // a failure is logged and shown in GET /v1/node "layer_store"
+  }
+  parts.images = std::move(images);
   parts.state = std::make_unique<FileStateStore>(options.root + "/state/sandboxes");
   return parts;
 }

@@ -18,6 +18,7 @@
 namespace dsec::fs3 {
 
 class LayerMounter;
+class SharedLayers;
 
 // Holds one reference on each layer of an image; releasing (destruction) drops them.
 class ImageMount {
@@ -51,6 +52,13 @@ class LayerMounter {
   // When every layer is mounted already this is a map lookup under a mutex: no system calls.
   Result<std::unique_ptr<ImageMount>> acquire(const std::vector<LayerRef>& layers);
   int refCount(const LayerRef& ref) const;
+  // Layers the node's store lacks are mounted from the cluster's shared store, on demand (nullptr: none). The
+  // shared layers must outlive every mount made from them.
+  void setSharedLayers(SharedLayers* shared);
+  // In the node's store, or in the shared one.
+  bool available(const LayerRef& ref) const;
+  // The file a mounted layer's EROFS comes from (its image in the node's store, or its on-demand file).
+  std::string fileOf(const LayerRef& ref) const;
   bool isMounted(const LayerRef& ref) const;
   std::string mountPoint(const LayerRef& ref) const;
   // Unmounts stale layer mounts left under <root>/mnt by an earlier process that are not referenced now
@@ -62,7 +70,8 @@ class LayerMounter {
   void release(const std::vector<LayerRef>& layers);
   // The rest run with mu_ held.
   Status ensureMountRoot();
-  Status mountLayer(const LayerRef& ref);
+  Status mountLayer(const LayerRef& ref, const std::string& image, bool on_demand);
+  Status mountShared(const LayerRef& ref);
   Status unmountLayer(const LayerRef& ref);
   void dropRef(const LayerRef& ref);
 
@@ -70,7 +79,9 @@ class LayerMounter {
   std::string mount_root_;  // <root>/mnt
   mutable std::mutex mu_;
   bool mount_root_ready_ = false;
-  std::map<LayerRef, int> refs_;  // only layers with a reference (> 0) are in here
+  std::map<LayerRef, int> refs_;           // only layers with a reference (> 0) are in here
+  std::map<LayerRef, std::string> files_;  // what each mounted layer's EROFS was mounted from
+  SharedLayers* shared_ = nullptr;
 };
 
 }  // namespace dsec::fs3

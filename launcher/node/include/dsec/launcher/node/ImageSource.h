@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -12,6 +13,7 @@
 #include "dsec/common/Result.h"
 #include "dsec/fs3/LayerMounter.h"
 #include "dsec/fs3/LayerStore.h"
+#include "dsec/fs3/SharedLayers.h"
 
 namespace dsec::launcher {
 
@@ -19,6 +21,15 @@ struct LayerStatus {
   fs3::LayerManifest manifest;
   bool mounted = false;
   int refs = 0;  // sandboxes (and fncall workers) holding it
+};
+
+// The cluster's shared layer store as this node uses it (docs/layer-store.md): GET /v1/node "layer_store".
+struct SharedStoreInfo {
+  std::string store;
+  std::string error;  // why the node cannot use it ("" when it does)
+  fs3::ChunkCacheStats cache;
+  int64_t cache_capacity_bytes = 0;
+  std::vector<fs3::ChunkFailure> failures;  // newest chunk failures (corrupt, or the store stayed away)
 };
 
 class ImageSource {
@@ -37,12 +48,18 @@ class ImageSource {
                              const std::string& source) = 0;
   // Removes a layer: kConflict while a sandbox holds it, kNotFound if missing.
   virtual Status removeLayer(const fs3::LayerRef& ref) = 0;
+  // The shared store layers come from when the node's store lacks them; nullopt when the node has none.
+  virtual std::optional<SharedStoreInfo> sharedStore() = 0;
 };
 
 class LayerImageSource : public ImageSource {
  public:
   explicit LayerImageSource(const std::string& root) : store_(root), mounter_(&store_) {}
-  Status check(const std::vector<fs3::LayerRef>& layers) override { return store_.checkImage(layers); }
+  ~LayerImageSource() override;
+  // Layers the node's store lacks come from the cluster's shared store, read on demand. A failure (no FUSE, the
+  // store unreadable) is returned and stays visible in sharedStore().error.
+  Status useSharedStore(const fs3::SharedLayersOptions& options);
+  Status check(const std::vector<fs3::LayerRef>& layers) override;
   Result<std::unique_ptr<fs3::ImageMount>> acquire(const std::vector<fs3::LayerRef>& layers) override {
     return mounter_.acquire(layers);
   }
@@ -52,10 +69,15 @@ class LayerImageSource : public ImageSource {
   Status importLayer(const fs3::LayerRef& ref, const std::string& image, const std::string& built_on,
                      const std::string& source) override;
   Status removeLayer(const fs3::LayerRef& ref) override;
+  std::optional<SharedStoreInfo> sharedStore() override;
 
  private:
   fs3::LayerStore store_;
   fs3::LayerMounter mounter_;  // after the store it mounts from
+  // Made after the mounter, and torn down before it goes (the destructor unmounts the layers first).
+  std::unique_ptr<fs3::SharedLayers> shared_;
+  fs3::SharedLayersOptions shared_options_;
+  std::string shared_error_;
 };
 
 class InMemoryImageSource : public ImageSource {
@@ -70,6 +92,7 @@ class InMemoryImageSource : public ImageSource {
   Status importLayer(const fs3::LayerRef& ref, const std::string& image, const std::string& built_on,
                      const std::string& source) override;
   Status removeLayer(const fs3::LayerRef& ref) override;
+  std::optional<SharedStoreInfo> sharedStore() override { return std::nullopt; }
 
  private:
   std::mutex mu_;

@@ -11,6 +11,7 @@
 #include "dsec/backends/BackendKind.h"
 #include "dsec/backends/Sandbox.h"
 #include "dsec/launcher/node/CreateParams.h"
+#include "dsec/launcher/node/ImageSource.h"
 #include "dsec/launcher/node/Sessions.h"
 #include "dsec/launcher/node/StateRecord.h"
 #include "dsec/placement/Admission.h"
@@ -134,7 +135,7 @@ struct NodeInfo {
   std::string fleet;
   std::vector<backends::BackendKind> backends;                        // usable here, in the order the node offers them
   std::map<backends::BackendKind, std::string> unavailable_backends;  // with why not
-  std::map<backends::BackendKind, std::string> backend_notes;  // how an available one runs here ("TCG: ...")
+  std::map<backends::BackendKind, std::string> backend_notes;         // how an available one runs here ("TCG: ...")
   NodeCapacity capacity;
   size_t sandboxes = 0;
   std::optional<DensityNodeInfo> density;
@@ -142,6 +143,7 @@ struct NodeInfo {
   bool user_namespaces = true;
   std::string isolation_warning;  // "" when sandboxes are isolated as usual
   std::optional<CpuQosNodeInfo> qos;
+  std::optional<SharedStoreInfo> layer_store;  // the shared layer store this node mounts from (docs/layer-store.md)
 };
 
 // A renewed session with the infos of its sandboxes (which stay paused until used).

@@ -91,6 +91,10 @@ struct NodeOptions {
   // shared <fleet root>/snapshots) and after how long the reaper removes them (0 = kept until deleted).
   std::string snapshot_dir;
   double snapshot_retention_seconds = 0;
+  // The cluster's shared layer store (docs/layer-store.md): layers this node's store lacks are mounted from it on
+  // demand, through a chunk cache of chunk_cache_bytes in <root>/chunk-cache. "" : none.
+  std::string store_dir;
+  int64_t chunk_cache_bytes = 8ll << 30;
 };
 
 struct ForkResult {

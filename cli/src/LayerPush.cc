@@ -1,0 +1,109 @@
+#include "LayerPush.h"
+
+#include <cstdlib>
+#include <iomanip>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "Commands.h"
+#include "Table.h"
+#include "dsec/common/Strings.h"
+#include "dsec/fs3/ChunkStore.h"
+
+namespace dsec::cli {
+namespace {
+
+std::string ratio(double r) {
+  std::ostringstream out;
+  out << std::fixed << std::setprecision(2) << r << "x";
+  return out.str();
+}
+
+}  // namespace
+
+std::string defaultStore() {
+  const char* env = std::getenv("DSEC_STORE");  // NOLINT(concurrency-mt-unsafe): read once, single-threaded CLI
+  return env != nullptr ? env : "";
+}
+
+Status pushLayer(const fs3::LayerStore& local, const fs3::LayerRef& ref, const std::string& store_dir,
+                 int64_t chunk_size) {
+  DSEC_ASSIGN_OR_RETURN(fs3::LayerManifest manifest, local.get(ref));
+  fs3::ChunkStore store(store_dir);
+  DSEC_ASSIGN_OR_RETURN(fs3::PushReport report, store.push(manifest, local.imagePath(ref), chunk_size));
+  DSEC_ASSIGN_OR_RETURN(fs3::StoreStats stats, store.stats());
+  std::cout << "pushed " << ref.toString() << " to " << store.dir() << ": " << report.chunks_new << " of "
+            << report.chunks_total << " chunks new (" << formatBytes(report.bytes_new) << " written, chunks of "
+            << formatBytes(report.stored.chunk_size) << "); store dedup " << ratio(stats.dedupRatio()) << " ("
+            << formatBytes(stats.logical_bytes) << " of layers in " << formatBytes(stats.stored_bytes) << ")\n";
+  return okStatus();
+}
+
+int layerPush(const Invocation& inv) {
+  CommonOptions common;
+  po::options_description desc("options");
+  addCommonOptions(desc, &common, false);
+  desc.add_options()("ref", po::value<std::vector<std::string>>(), "NAME:VERSION of the layers to push")(
+      "store", po::value<std::string>()->default_value(defaultStore()),
+      "the shared layer store (a directory every node reads; env DSEC_STORE)")(
+      "chunk-size", po::value<std::string>()->default_value("128K"), "chunk size (4K to 16M, a multiple of 4K)");
+  po::positional_options_description positional;
+  positional.add("ref", -1);
+  po::variables_map vm;
+  if (!parseCommandLine(inv, inv.args, desc, positional, "NAME:VERSION... --store DIR", &vm, &common)) {
+    return kExitOk;
+  }
+  if (vm.count("ref") == 0) throw UsageError("missing NAME:VERSION");
+  const std::string store_dir = vm["store"].as<std::string>();
+  if (store_dir.empty()) throw UsageError("missing --store (or DSEC_STORE)");
+  auto chunk = parseByteSize(vm["chunk-size"].as<std::string>());
+  if (!chunk.ok()) throw UsageError("--chunk-size: " + chunk.error().message());
+  fs3::LayerStore local(common.root);
+  int status = kExitOk;
+  for (const auto& text : vm["ref"].as<std::vector<std::string>>()) {
+    auto ref = fs3::parseLayerRef(text);
+    if (!ref.ok()) throw UsageError(ref.error().message());
+    if (Status pushed = pushLayer(local, *ref, store_dir, *chunk); !pushed.ok())
+      status = reportError(inv, pushed.error());
+  }
+  return status;
+}
+
+int layerLsStore(const Invocation& inv, const std::string& store_dir, bool json) {
+  fs3::ChunkStore store(store_dir);
+  auto layers = store.list();
+  if (!layers.ok()) return reportError(inv, layers.error());
+  auto stats = store.stats();
+  if (!stats.ok()) return reportError(inv, stats.error());
+  if (json) {
+    nlohmann::json out = nlohmann::json::array();
+    for (const auto& l : *layers) {
+      nlohmann::json j = l.layer.toJson();
+      j["chunk_size"] = l.chunk_size;
+      j["chunks"] = l.chunks.size();
+      out.push_back(j);
+    }
+    std::cout << nlohmann::json{{"store", store.dir()},
+                                {"layers", out},
+                                {"logical_bytes", stats->logical_bytes},
+                                {"stored_bytes", stats->stored_bytes},
+                                {"chunks", stats->chunks},
+                                {"dedup_ratio", stats->dedupRatio()}}
+                     .dump(2)
+              << "\n";
+    return kExitOk;
+  }
+  Table table({"NAME:VERSION", "SIZE", "CHUNKS", "CREATED", "BUILT_ON"});
+  for (const auto& l : *layers) {
+    table.add({l.layer.ref.toString(), formatBytes(l.layer.size), std::to_string(l.chunks.size()), l.layer.created,
+               l.layer.built_on.empty() ? "-" : l.layer.built_on});
+  }
+  table.print(std::cout);
+  std::cout << "store " << store.dir() << ": " << formatBytes(stats->logical_bytes) << " of layers in " << stats->chunks
+            << " distinct chunks, " << formatBytes(stats->stored_bytes) << " (dedup " << ratio(stats->dedupRatio())
+            << ")\n";
+  return kExitOk;
+}
+
+}  // namespace dsec::cli

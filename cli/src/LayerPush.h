@@ -1,0 +1,25 @@
+// The shared layer store from the command line (docs/layer-store.md): `dsec layer push`, `dsec layer ls --store`,
+// and the push that `dsec layer build --store` does after its build.
+#pragma once
+
+#include <string>
+
+#include "Cli.h"
+#include "dsec/common/Result.h"
+#include "dsec/fs3/LayerRef.h"
+#include "dsec/fs3/LayerStore.h"
+
+namespace dsec::cli {
+
+// --store's default: $DSEC_STORE, else "" (no shared store).
+std::string defaultStore();
+
+// Pushes a layer of the local store to the shared store at store_dir and prints what it wrote.
+Status pushLayer(const fs3::LayerStore& local, const fs3::LayerRef& ref, const std::string& store_dir,
+                 int64_t chunk_size);
+
+int layerPush(const Invocation& inv);
+// `dsec layer ls --store DIR [--json]`.
+int layerLsStore(const Invocation& inv, const std::string& store_dir, bool json);
+
+}  // namespace dsec::cli
