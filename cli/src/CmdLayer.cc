@@ -5,8 +5,8 @@
 
 #include "Commands.h"
 #include "LayerBuild.h"
-#include "LayerPush.h"
 #include "Progress.h"
+#include "SharedStoreCommands.h"
 #include "Table.h"
 #include "dsec/common/Process.h"
 #include "dsec/common/Strings.h"
@@ -183,7 +183,7 @@ int layerRm(const Invocation& inv) {
 
 int cmdLayer(const Invocation& inv) {
   static const std::pair<const char*, int (*)(const Invocation&)> kSubcommands[] = {
-      {"build", layerBuild}, {"ls", layerLs}, {"rm", layerRm}, {"push", layerPush}};
+      {"build", layerBuild}, {"ls", layerLs}, {"rm", layerRm}, {"push", layerPush}, {"prefetch", layerPrefetch}};
   if (inv.args.empty() || inv.args[0] == "--help" || inv.args[0] == "-h") {
     std::ostream& out = inv.args.empty() ? std::cerr : std::cout;
     out << "usage: dsec layer build NAME:VERSION (--from-dir DIR | --debootstrap SUITE [--mirror URL] |\n"
@@ -191,9 +191,10 @@ int cmdLayer(const Invocation& inv) {
            "       dsec layer ls [--store DIR]\n"
            "       dsec layer rm NAME:VERSION...\n"
            "       dsec layer push NAME:VERSION... --store DIR [--chunk-size 128K]\n"
+           "       dsec layer prefetch IMAGE --store DIR [--all]\n"
            "Layers live in <root>/layers (--root, default $DSEC_ROOT or /var/lib/dsec); the cluster's shared store,\n"
            "which nodes read on demand, is --store (default $DSEC_STORE).\n";
-    if (inv.args.empty()) throw UsageError("missing layer command (build, ls, rm, push)");
+    if (inv.args.empty()) throw UsageError("missing layer command (build, ls, rm, push, prefetch)");
     return kExitOk;
   }
   for (const auto& [name, run] : kSubcommands) {
@@ -206,7 +207,7 @@ int cmdLayer(const Invocation& inv) {
       return kExitUsage;
     }
   }
-  throw UsageError("unknown layer command '" + inv.args[0] + "' (build, ls, rm, push)");
+  throw UsageError("unknown layer command '" + inv.args[0] + "' (build, ls, rm, push, prefetch)");
 }
 
 }  // namespace dsec::cli

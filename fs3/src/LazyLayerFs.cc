@@ -3,6 +3,7 @@
 
 #include <fcntl.h>
 #include <fuse_lowlevel.h>
+#include <poll.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
@@ -10,6 +11,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 #include "dsec/common/Logging.h"
@@ -154,6 +156,34 @@ void onStatfs(fuse_req_t req, fuse_ino_t /*ino*/) {
   });
 }
 
+constexpr int kWorkers = 4;
+constexpr int kPollMs = 200;
+
+void serveRequests(fuse_session* session) {
+  fuse_buf buf{};
+  const int fd = fuse_session_fd(session);
+  while (fuse_session_exited(session) == 0) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, kPollMs) <= 0) continue;
+    int n = fuse_session_receive_buf(session, &buf);
+    if (n == -EINTR || n == -EAGAIN) continue;  // another worker took it
+    if (n <= 0) break;                          // unmounted, or the connection is gone
+    fuse_session_process_buf(session, &buf);
+  }
+  ::free(buf.mem);  // NOLINT(cppcoreguidelines-no-malloc): libfuse allocated it
+}
+
+// /sys/fs/fuse/connections/<minor>/abort (mounting fusectl there first when the host has not).
+void abortConnection(unsigned int minor_dev) {
+  const std::string dir = "/sys/fs/fuse/connections";
+  std::string abort = dir + "/" + std::to_string(minor_dev) + "/abort";
+  if (::access(abort.c_str(), W_OK) != 0) (void)::mount("fusectl", dir.c_str(), "fusectl", 0, nullptr);
+  if (int fd = ::open(abort.c_str(), O_WRONLY | O_CLOEXEC); fd >= 0) {
+    (void)!::write(fd, "1", 1);
+    ::close(fd);
+  }
+}
+
 }  // namespace
 
 std::string lazyFileName(const LayerRef& ref) { return ref.name + "@" + ref.version + ".erofs"; }
@@ -189,13 +219,13 @@ Result<std::unique_ptr<LazyLayerFs>> LazyLayerFs::mount(const std::string& mount
     return Error(ErrorCode::kUnsupported, "mounting the FUSE file system of on-demand layers at " + mountpoint +
                                               " failed (is the fuse module loaded?)");
   }
-  fuse_session* session = fs->session_;
-  fs->loop_ = std::thread([session] {
-    fuse_loop_config config{};
-    config.clone_fd = 0;
-    config.max_idle_threads = 8;
-    fuse_session_loop_mt(session, &config);
-  });
+  // Our own workers rather than libfuse's loop: they poll a non-blocking fd and see the session's exit within
+  // kPollMs, whatever the kernel side does (a layer still mounted over a file keeps the connection open).
+  int fd = fuse_session_fd(fs->session_);
+  if (int flags = ::fcntl(fd, F_GETFL); flags < 0 || ::fcntl(fd, F_SETFL, flags | O_NONBLOCK) != 0) {
+    return Error::sys(errno, "make the FUSE fd non-blocking");
+  }
+  for (int i = 0; i < kWorkers; ++i) fs->workers_.emplace_back(serveRequests, fs->session_);
   return fs;
 }
 
@@ -204,17 +234,11 @@ LazyLayerFs::~LazyLayerFs() {
   struct stat st {};
   const bool have_dev = ::stat(mountpoint_.c_str(), &st) == 0;
   fuse_session_exit(session_);
+  for (auto& w : workers_) w.join();
   fuse_session_unmount(session_);
-  // A layer still mounted over one of the files keeps the connection open after the (detached) unmount: abort it,
-  // so the loop's threads wake up. Its reads fail from now on.
-  if (have_dev) {
-    std::string abort = "/sys/fs/fuse/connections/" + std::to_string(minor(st.st_dev)) + "/abort";
-    if (int fd = ::open(abort.c_str(), O_WRONLY | O_CLOEXEC); fd >= 0) {
-      (void)!::write(fd, "1", 1);
-      ::close(fd);
-    }
-  }
-  if (loop_.joinable()) loop_.join();
+  // A layer still mounted over one of the files keeps the connection open after the (detached) unmount, and its
+  // readers would wait for answers that never come: abort the connection, so they get an error instead.
+  if (have_dev) abortConnection(minor(st.st_dev));
   fuse_session_destroy(session_);
   ::rmdir(mountpoint_.c_str());
 }

@@ -2,7 +2,12 @@
 
 #include <sys/stat.h>
 
+#include <chrono>
 #include <ctime>
+
+#include "dsec/common/Logging.h"
+#include "dsec/common/Strings.h"
+#include "dsec/fs3/Prefetch.h"
 
 namespace dsec::fs3 {
 namespace {
@@ -26,12 +31,94 @@ Result<std::unique_ptr<SharedLayers>> SharedLayers::open(const SharedLayersOptio
     raw->failures_.push_back({chunk, what, static_cast<double>(::time(nullptr))});
   });
   DSEC_ASSIGN_OR_RETURN(shared->fs_, LazyLayerFs::mount(options.mountpoint, shared->cache_));
+  shared->recorder_ = std::thread([raw] {
+    std::unique_lock lock(raw->mu_);
+    while (!raw->stopping_.load()) {
+      raw->wake_.wait_for(lock, std::chrono::milliseconds(200));
+      lock.unlock();
+      raw->recordSettled(false);
+      lock.lock();
+    }
+  });
   return shared;
+}
+
+SharedLayers::~SharedLayers() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  if (recorder_.joinable()) recorder_.join();
+  for (auto& t : prefetchers_) t.join();
+  if (fs_) recordSettled(true);
 }
 
 Result<std::string> SharedLayers::fileFor(const LayerRef& ref) {
   DSEC_ASSIGN_OR_RETURN(StoredLayer layer, store_.get(ref));
-  return fs_->attach(layer);
+  DSEC_ASSIGN_OR_RETURN(std::string file, fs_->attach(layer));
+  std::lock_guard lock(mu_);
+  if (!attached_.insert(ref).second) return file;
+  // The first mount of the layer on this node: prefetch what a recording names, else record this start.
+  if (auto chunks = readRecording(store_, options_.cache_dir, layer)) {
+    startPrefetch(layer, std::move(*chunks));
+  } else {
+    recording_[ref] = Recording{layer, 0, monotonicSeconds()};
+  }
+  return file;
+}
+
+void SharedLayers::startPrefetch(const StoredLayer& layer, std::vector<size_t> chunks) {
+  ++prefetch_stats_.prefetches;
+  prefetchers_.emplace_back([this, layer, chunks = std::move(chunks)] {
+    double start = monotonicSeconds();
+    PrefetchResult r = prefetchChunks(*cache_, layer, chunks, options_.prefetch_threads, &stopping_);
+    DSEC_LOG(kInfo, "fs3") << "prefetched " << layer.layer.ref.toString() << ": " << r.fetched << " chunks ("
+                           << formatBytes(r.bytes) << ") fetched, " << r.cached << " cached, " << r.failed
+                           << " failed, in " << (monotonicSeconds() - start) << " s";
+    std::lock_guard lock(mu_);
+    prefetch_stats_.chunks_prefetched += r.fetched;
+    prefetch_stats_.bytes_prefetched += r.bytes;
+  });
+}
+
+void SharedLayers::recordSettled(bool force) {
+  std::vector<Recording> ready;
+  {
+    std::lock_guard lock(mu_);
+    double now = monotonicSeconds();
+    for (auto it = recording_.begin(); it != recording_.end();) {
+      size_t count = fs_->touchedChunks(it->first).size();
+      if (count != it->second.last_count) {
+        it->second.last_count = count;
+        it->second.last_change = now;
+      }
+      bool settled = now - it->second.last_change >= options_.record_settle_seconds;
+      if (count > 0 && (settled || force)) {
+        ready.push_back(it->second);
+        it = recording_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (const auto& r : ready) {
+    auto written = writeRecording(store_, options_.cache_dir, r.layer, fs_->touchedChunks(r.layer.layer.ref));
+    if (!written.ok()) {
+      DSEC_LOG(kWarn, "fs3") << "prefetch recording of " << r.layer.layer.ref.toString() << ": "
+                             << written.error().message();
+      continue;
+    }
+    DSEC_LOG(kInfo, "fs3") << "recorded the first start of " << r.layer.layer.ref.toString() << " ("
+                           << fs_->touchedChunks(r.layer.layer.ref).size() << " chunks) in " << *written;
+    std::lock_guard lock(mu_);
+    ++prefetch_stats_.recordings_written;
+  }
+}
+
+PrefetchStats SharedLayers::prefetchStats() {
+  std::lock_guard lock(mu_);
+  return prefetch_stats_;
 }
 
 std::vector<ChunkFailure> SharedLayers::recentFailures() {

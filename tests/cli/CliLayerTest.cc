@@ -209,6 +209,19 @@ TEST_F(CliLayer, PushToASharedStoreListsItAndIsIdempotent) {
   EXPECT_NE(clash.err.find("immutable"), std::string::npos) << clash.err;
   auto missing = dsec({"layer", "push", "nope:1", "--store", store.path()});
   EXPECT_NE(missing.exit_code, 0);
+
+  // Prefetch into this root's chunk cache: nothing without a recording, everything with --all, then nothing new.
+  auto unrecorded = dsec({"layer", "prefetch", "demo:2", "--store", store.path()});
+  ASSERT_EQ(unrecorded.exit_code, 0) << unrecorded.err;
+  EXPECT_NE(unrecorded.out.find("no recording yet"), std::string::npos) << unrecorded.out;
+  auto all = dsec({"layer", "prefetch", "demo:2", "--store", store.path(), "--all"});
+  ASSERT_EQ(all.exit_code, 0) << all.err;
+  EXPECT_EQ(all.out.find("demo:2: 0 chunks fetched"), std::string::npos) << all.out;
+  EXPECT_NE(all.out.find("0 failed"), std::string::npos) << all.out;
+  EXPECT_TRUE(fs::exists(root_.path() + "/chunk-cache"));
+  auto warm = dsec({"layer", "prefetch", "demo:2", "--store", store.path(), "--all"});
+  ASSERT_EQ(warm.exit_code, 0) << warm.err;
+  EXPECT_NE(warm.out.find("demo:2: 0 chunks fetched"), std::string::npos) << warm.out;
 }
 
 }  // namespace

@@ -127,6 +127,7 @@ def test_a_layer_only_in_the_shared_store_starts_a_sandbox_reading_a_fraction_of
         after = _layer_store(c)
         assert after["chunk_cache"]["bytes_fetched"] >= len(shared["big"])
         assert after["chunk_cache"]["corrupt"] == 0
+        assert after["prefetch"]["prefetches"] == 0  # no recording yet: this first start is the one recorded
     metrics = _metrics(shared)
     assert "dsec_chunk_cache_misses_total" in metrics
     assert "dsec_chunk_fetched_bytes_total" in metrics

@@ -155,6 +155,11 @@ json sharedStoreJson(const SharedStoreInfo& s) {
                 {"evictions", c.evictions},
                 {"corrupt", c.corrupt},
                 {"fetch_errors", c.fetch_errors}}},
+              {"prefetch",
+               {{"recordings_written", s.prefetch.recordings_written},
+                {"prefetches", s.prefetch.prefetches},
+                {"chunks", s.prefetch.chunks_prefetched},
+                {"bytes", s.prefetch.bytes_prefetched}}},
               {"events", std::move(failures)}};
 }
 

@@ -48,6 +48,7 @@ std::optional<SharedStoreInfo> LayerImageSource::sharedStore() {
   if (shared_) {
     info.cache = shared_->cacheStats();
     info.failures = shared_->recentFailures();
+    info.prefetch = shared_->prefetchStats();
   }
   return info;
 }

@@ -680,6 +680,9 @@ void NodeAgent::renderGauges(std::string* out) {
     prometheus::counter(out, "dsec_chunk_fetch_errors_total", "Chunk fetches that failed after their retries.",
                         c.fetch_errors);
     prometheus::gauge(out, "dsec_chunk_cache_bytes", "Bytes of chunks in the node's chunk cache.", c.bytes_cached);
+    prometheus::counter(out, "dsec_chunk_prefetched_total",
+                        "Chunks fetched ahead of their sandboxes by recorded prefetch.",
+                        shared->prefetch.chunks_prefetched);
   }
   if (density_) density_->renderMetrics(out);
   if (fncall_) fncall_->renderMetrics(out);

@@ -62,9 +62,10 @@ class ChunkCache {
   // the capacity.
   Status init();
 
-  // An open fd of the chunk's cached file, fetching and checking it first on a miss. Errors: kSystem with EIO for
-  // a corrupt chunk or a store that stayed away.
-  Result<UniqueFd> open(const std::string& sha256, int64_t length);
+  // An open fd of the chunk's cached file, fetching and checking it first on a miss (*fetched says whether this
+  // call fetched it). A chunk file another process of the node put in the directory (`dsec layer prefetch`) is
+  // taken as cached. Errors: kSystem with EIO for a corrupt chunk or a store that stayed away.
+  Result<UniqueFd> open(const std::string& sha256, int64_t length, bool* fetched = nullptr);
   // Copies bytes [offset, offset + size) of the chunk into out; the count read.
   Result<size_t> read(const std::string& sha256, int64_t length, int64_t offset, char* out, size_t size);
   bool contains(const std::string& sha256) const;

@@ -60,7 +60,7 @@ class LazyLayerFs {
   std::string mountpoint_;
   std::shared_ptr<ChunkCache> cache_;
   fuse_session* session_ = nullptr;
-  std::thread loop_;
+  std::vector<std::thread> workers_;
   mutable std::mutex mu_;
   std::map<uint64_t, std::shared_ptr<File>> by_ino_;
   std::map<std::string, std::shared_ptr<File>> by_name_;

@@ -3,9 +3,14 @@
 // here, on demand, without copying it.
 #pragma once
 
+#include <atomic>
+#include <condition_variable>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "dsec/common/Result.h"
@@ -21,6 +26,18 @@ struct SharedLayersOptions {
   int64_t cache_bytes = 8ll << 30;
   std::string mountpoint;  // the FUSE files, e.g. <root>/lazy
   double store_retry_seconds = 10;
+  // Recorded prefetch: a layer without a recording is recorded from its first mount until its reads have been quiet
+  // for record_settle_seconds; a layer with one is prefetched with prefetch_threads parallel fetches at mount.
+  double record_settle_seconds = 10;
+  int prefetch_threads = 8;
+};
+
+// What recorded prefetch did on this node.
+struct PrefetchStats {
+  int64_t recordings_written = 0;
+  int64_t prefetches = 0;  // mounts that started a prefetch
+  int64_t chunks_prefetched = 0;
+  int64_t bytes_prefetched = 0;
 };
 
 // A chunk that failed (corrupt, or the store stayed away), for the node's events.
@@ -32,6 +49,7 @@ struct ChunkFailure {
 
 class SharedLayers {
  public:
+  ~SharedLayers();  // stops the recorder and prefetches (a recording in progress is written first)
   // Checks the store is a directory, prepares the cache and mounts the FUSE file system.
   static Result<std::unique_ptr<SharedLayers>> open(const SharedLayersOptions& options);
 
@@ -42,16 +60,34 @@ class SharedLayers {
   ChunkCacheStats cacheStats() const { return cache_->stats(); }
   // The newest failures (at most 64), oldest first.
   std::vector<ChunkFailure> recentFailures();
+  PrefetchStats prefetchStats();
   LazyLayerFs& fs() { return *fs_; }
+  // Writes the recordings of layers still being recorded whose reads have settled (the recorder thread calls it).
+  void recordSettled(bool force);
 
  private:
-  explicit SharedLayers(const SharedLayersOptions& options) : store_(options.store_dir) {}
-  // Declared first, destroyed last: the FUSE threads (fs_) report failures into them until fs_ is gone.
+  struct Recording {
+    StoredLayer layer;
+    size_t last_count = 0;
+    double last_change = 0;
+  };
+  explicit SharedLayers(const SharedLayersOptions& options) : options_(options), store_(options.store_dir) {}
+  void startPrefetch(const StoredLayer& layer, std::vector<size_t> chunks);
+
+  SharedLayersOptions options_;
+  // Declared before fs_, destroyed after it: the FUSE threads (fs_) report failures into them until fs_ is gone.
   std::mutex mu_;
   std::vector<ChunkFailure> failures_;
+  std::map<LayerRef, Recording> recording_;  // layers whose first mount is being recorded
+  std::set<LayerRef> attached_;
+  PrefetchStats prefetch_stats_;
+  std::condition_variable wake_;
+  std::atomic<bool> stopping_{false};
   ChunkStore store_;
   std::shared_ptr<ChunkCache> cache_;
   std::unique_ptr<LazyLayerFs> fs_;
+  std::thread recorder_;
+  std::vector<std::thread> prefetchers_;
 };
 
 }  // namespace dsec::fs3

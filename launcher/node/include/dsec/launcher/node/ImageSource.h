@@ -30,6 +30,7 @@ struct SharedStoreInfo {
   fs3::ChunkCacheStats cache;
   int64_t cache_capacity_bytes = 0;
   std::vector<fs3::ChunkFailure> failures;  // newest chunk failures (corrupt, or the store stayed away)
+  fs3::PrefetchStats prefetch;
 };
 
 class ImageSource {

@@ -1,4 +1,4 @@
-#include "LayerPush.h"
+#include "SharedStoreCommands.h"
 
 #include <cstdlib>
 #include <iomanip>
@@ -9,7 +9,9 @@
 #include "Commands.h"
 #include "Table.h"
 #include "dsec/common/Strings.h"
+#include "dsec/fs3/ChunkCache.h"
 #include "dsec/fs3/ChunkStore.h"
+#include "dsec/fs3/Prefetch.h"
 
 namespace dsec::cli {
 namespace {
@@ -66,6 +68,58 @@ int layerPush(const Invocation& inv) {
     if (!ref.ok()) throw UsageError(ref.error().message());
     if (Status pushed = pushLayer(local, *ref, store_dir, *chunk); !pushed.ok())
       status = reportError(inv, pushed.error());
+  }
+  return status;
+}
+
+int layerPrefetch(const Invocation& inv) {
+  CommonOptions common;
+  po::options_description desc("options");
+  addCommonOptions(desc, &common, false);
+  desc.add_options()("image", po::value<std::string>(), "the image whose layers to prefetch, e.g. debian:12+ws:1")(
+      "store", po::value<std::string>()->default_value(defaultStore()), "the shared layer store (env DSEC_STORE)")(
+      "all", po::bool_switch(), "every chunk of the layers, not only what their recordings name")(
+      "threads", po::value<int>()->default_value(8), "parallel fetches")(
+      "chunk-cache", po::value<std::string>()->default_value("8G"), "the node's chunk cache size (as --chunk-cache)");
+  po::positional_options_description positional;
+  positional.add("image", 1);
+  po::variables_map vm;
+  if (!parseCommandLine(inv, inv.args, desc, positional, "IMAGE --store DIR [--all]", &vm, &common)) return kExitOk;
+  if (vm.count("image") == 0) throw UsageError("missing IMAGE");
+  auto image = fs3::parseImageRef(vm["image"].as<std::string>());
+  if (!image.ok()) throw UsageError(image.error().message());
+  const std::string store_dir = vm["store"].as<std::string>();
+  if (store_dir.empty()) throw UsageError("missing --store (or DSEC_STORE)");
+  auto capacity = parseByteSize(vm["chunk-cache"].as<std::string>());
+  if (!capacity.ok()) throw UsageError("--chunk-cache: " + capacity.error().message());
+  const int threads = vm["threads"].as<int>();
+  if (threads < 1 || threads > 256) throw UsageError("--threads: 1 to 256");
+  fs3::ChunkStore store(store_dir);
+  const std::string cache_dir = common.root + "/chunk-cache";
+  fs3::ChunkCache cache(cache_dir, *capacity, std::make_shared<fs3::StoreChunkSource>(store.dir()));
+  if (Status st = cache.init(); !st.ok()) return reportError(inv, st.error());
+  int status = kExitOk;
+  for (const auto& ref : *image) {
+    auto layer = store.get(ref);
+    if (!layer.ok()) {
+      status = reportError(inv, layer.error());
+      continue;
+    }
+    std::vector<size_t> chunks;
+    if (vm["all"].as<bool>()) {
+      for (size_t i = 0; i < layer->chunks.size(); ++i) chunks.push_back(i);
+    } else if (auto recorded = fs3::readRecording(store, cache_dir, *layer)) {
+      chunks = std::move(*recorded);
+    } else {
+      std::cout << ref.toString() << ": no recording yet (a first start makes one; --all fetches the whole layer)\n";
+      continue;
+    }
+    double start = monotonicSeconds();
+    fs3::PrefetchResult r = fs3::prefetchChunks(cache, *layer, chunks, threads);
+    std::cout << ref.toString() << ": " << r.fetched << " chunks fetched (" << formatBytes(r.bytes) << "), " << r.cached
+              << " already cached, " << r.failed << " failed, in " << std::fixed << std::setprecision(2)
+              << (monotonicSeconds() - start) << " s\n";
+    if (r.failed > 0) status = kExitFailure;
   }
   return status;
 }

@@ -1,5 +1,5 @@
 // The shared layer store from the command line (docs/layer-store.md): `dsec layer push`, `dsec layer ls --store`,
-// and the push that `dsec layer build --store` does after its build.
+// `dsec layer prefetch`, and the push that `dsec layer build --store` does after its build.
 #pragma once
 
 #include <string>
@@ -19,6 +19,9 @@ Status pushLayer(const fs3::LayerStore& local, const fs3::LayerRef& ref, const s
                  int64_t chunk_size);
 
 int layerPush(const Invocation& inv);
+// `dsec layer prefetch IMAGE`: fills the node's chunk cache (<root>/chunk-cache) with what the image's recordings
+// name (--all: every chunk), e.g. from a fleet job's prolog.
+int layerPrefetch(const Invocation& inv);
 // `dsec layer ls --store DIR [--json]`.
 int layerLsStore(const Invocation& inv, const std::string& store_dir, bool json);
 
