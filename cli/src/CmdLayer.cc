@@ -153,14 +153,18 @@ int layerRm(const Invocation& inv) {
   CommonOptions common;
   po::options_description desc("options");
   addCommonOptions(desc, &common, false);
-  desc.add_options()("ref", po::value<std::vector<std::string>>(), "NAME:VERSION of the layers to remove");
+  desc.add_options()("ref", po::value<std::vector<std::string>>(), "NAME:VERSION of the layers to remove")(
+      "store", po::value<std::string>(), "remove them from this shared layer store instead of the node's");
   po::positional_options_description positional;
   positional.add("ref", -1);
   po::variables_map vm;
-  if (!parseCommandLine(inv, inv.args, desc, positional, "NAME:VERSION...", &vm, &common)) return kExitOk;
+  if (!parseCommandLine(inv, inv.args, desc, positional, "NAME:VERSION... [--store DIR]", &vm, &common)) {
+    return kExitOk;
+  }
   if (vm.count("ref") == 0) throw UsageError("missing NAME:VERSION");
   std::vector<fs3::LayerRef> refs;
   for (const auto& text : vm["ref"].as<std::vector<std::string>>()) refs.push_back(parseRefArg(text));
+  if (vm.count("store") != 0) return layerRmStore(inv, refs, vm["store"].as<std::string>());
   fs3::LayerStore store(common.root);
   int status = kExitOk;
   for (const auto& ref : refs) {
@@ -183,18 +187,20 @@ int layerRm(const Invocation& inv) {
 
 int cmdLayer(const Invocation& inv) {
   static const std::pair<const char*, int (*)(const Invocation&)> kSubcommands[] = {
-      {"build", layerBuild}, {"ls", layerLs}, {"rm", layerRm}, {"push", layerPush}, {"prefetch", layerPrefetch}};
+      {"build", layerBuild},       {"ls", layerLs}, {"rm", layerRm}, {"push", layerPush},
+      {"prefetch", layerPrefetch}, {"gc", layerGc}};
   if (inv.args.empty() || inv.args[0] == "--help" || inv.args[0] == "-h") {
     std::ostream& out = inv.args.empty() ? std::cerr : std::cout;
     out << "usage: dsec layer build NAME:VERSION (--from-dir DIR | --debootstrap SUITE [--mirror URL] |\n"
            "                                      --on IMAGE --run CMD) [--scrub-git] [--store DIR]\n"
            "       dsec layer ls [--store DIR]\n"
-           "       dsec layer rm NAME:VERSION...\n"
+           "       dsec layer rm NAME:VERSION... [--store DIR]\n"
            "       dsec layer push NAME:VERSION... --store DIR [--chunk-size 128K]\n"
            "       dsec layer prefetch IMAGE --store DIR [--all]\n"
+           "       dsec layer gc --store DIR [--grace 3600] [--dry-run]\n"
            "Layers live in <root>/layers (--root, default $DSEC_ROOT or /var/lib/dsec); the cluster's shared store,\n"
            "which nodes read on demand, is --store (default $DSEC_STORE).\n";
-    if (inv.args.empty()) throw UsageError("missing layer command (build, ls, rm, push, prefetch)");
+    if (inv.args.empty()) throw UsageError("missing layer command (build, ls, rm, push, prefetch, gc)");
     return kExitOk;
   }
   for (const auto& [name, run] : kSubcommands) {
@@ -207,7 +213,7 @@ int cmdLayer(const Invocation& inv) {
       return kExitUsage;
     }
   }
-  throw UsageError("unknown layer command '" + inv.args[0] + "' (build, ls, rm, push, prefetch)");
+  throw UsageError("unknown layer command '" + inv.args[0] + "' (build, ls, rm, push, prefetch, gc)");
 }
 
 }  // namespace dsec::cli

@@ -12,6 +12,7 @@
 #include "dsec/fs3/ChunkCache.h"
 #include "dsec/fs3/ChunkStore.h"
 #include "dsec/fs3/Prefetch.h"
+#include "dsec/fs3/StoreMaintenance.h"
 
 namespace dsec::cli {
 namespace {
@@ -120,6 +121,46 @@ int layerPrefetch(const Invocation& inv) {
               << " already cached, " << r.failed << " failed, in " << std::fixed << std::setprecision(2)
               << (monotonicSeconds() - start) << " s\n";
     if (r.failed > 0) status = kExitFailure;
+  }
+  return status;
+}
+
+int layerGc(const Invocation& inv) {
+  CommonOptions common;
+  po::options_description desc("options");
+  addCommonOptions(desc, &common, false);
+  desc.add_options()("store", po::value<std::string>()->default_value(defaultStore()),
+                     "the shared layer store (env DSEC_STORE)")(
+      "grace", po::value<double>()->default_value(3600),
+      "seconds an unreferenced chunk is kept (a push writes its chunks before its manifest)")(
+      "dry-run", po::bool_switch(), "count what would go, remove nothing");
+  po::variables_map vm;
+  if (!parseCommandLine(inv, inv.args, desc, {}, "--store DIR [--grace SECONDS] [--dry-run]", &vm, &common)) {
+    return kExitOk;
+  }
+  const std::string store_dir = vm["store"].as<std::string>();
+  if (store_dir.empty()) throw UsageError("missing --store (or DSEC_STORE)");
+  const double grace = vm["grace"].as<double>();
+  if (!(grace >= 0)) throw UsageError("--grace must be >= 0 seconds");
+  const bool dry_run = vm["dry-run"].as<bool>();
+  fs3::ChunkStore store(store_dir);
+  auto report = fs3::collectGarbage(store, grace, dry_run);
+  if (!report.ok()) return reportError(inv, report.error());
+  std::cout << (dry_run ? "would remove " : "removed ") << report->chunks_removed << " chunks ("
+            << formatBytes(report->bytes_removed) << "); kept " << report->chunks_kept << " referenced and "
+            << report->chunks_too_new << " newer than the grace period\n";
+  return kExitOk;
+}
+
+int layerRmStore(const Invocation& inv, const std::vector<fs3::LayerRef>& refs, const std::string& store_dir) {
+  fs3::ChunkStore store(store_dir);
+  int status = kExitOk;
+  for (const auto& ref : refs) {
+    if (Status st = fs3::removeStoredLayer(store, ref); !st.ok()) {
+      status = reportError(inv, st.error());
+      continue;
+    }
+    std::cout << "removed " << ref.toString() << " from " << store.dir() << " (its chunks go at the next gc)\n";
   }
   return status;
 }

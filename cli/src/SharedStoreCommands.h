@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "Cli.h"
 #include "dsec/common/Result.h"
@@ -22,6 +23,10 @@ int layerPush(const Invocation& inv);
 // `dsec layer prefetch IMAGE`: fills the node's chunk cache (<root>/chunk-cache) with what the image's recordings
 // name (--all: every chunk), e.g. from a fleet job's prolog.
 int layerPrefetch(const Invocation& inv);
+// `dsec layer gc --store DIR [--grace SECONDS] [--dry-run]`: deletes chunks no manifest names.
+int layerGc(const Invocation& inv);
+// `dsec layer rm NAME:VERSION... --store DIR`: removes layers from the shared store (refused while a node uses one).
+int layerRmStore(const Invocation& inv, const std::vector<fs3::LayerRef>& refs, const std::string& store_dir);
 // `dsec layer ls --store DIR [--json]`.
 int layerLsStore(const Invocation& inv, const std::string& store_dir, bool json);
 

@@ -8,10 +8,12 @@
 #include "dsec/common/Logging.h"
 #include "dsec/common/Strings.h"
 #include "dsec/fs3/Prefetch.h"
+#include "dsec/fs3/StoreMaintenance.h"
 
 namespace dsec::fs3 {
 namespace {
 constexpr size_t kMaxFailuresKept = 64;
+constexpr double kLeaseRenewSeconds = 10;  // well inside kLeaseFreshSeconds
 }  // namespace
 
 Result<std::unique_ptr<SharedLayers>> SharedLayers::open(const SharedLayersOptions& options) {
@@ -32,11 +34,18 @@ Result<std::unique_ptr<SharedLayers>> SharedLayers::open(const SharedLayersOptio
   });
   DSEC_ASSIGN_OR_RETURN(shared->fs_, LazyLayerFs::mount(options.mountpoint, shared->cache_));
   shared->recorder_ = std::thread([raw] {
+    double lease_written = 0;
     std::unique_lock lock(raw->mu_);
     while (!raw->stopping_.load()) {
       raw->wake_.wait_for(lock, std::chrono::milliseconds(200));
+      const bool renew = monotonicSeconds() - lease_written >= kLeaseRenewSeconds;
+      std::set<LayerRef> in_use = raw->attached_;
       lock.unlock();
       raw->recordSettled(false);
+      if (renew) {
+        raw->renewLease(in_use);
+        lease_written = monotonicSeconds();
+      }
       lock.lock();
     }
   });
@@ -52,13 +61,30 @@ SharedLayers::~SharedLayers() {
   if (recorder_.joinable()) recorder_.join();
   for (auto& t : prefetchers_) t.join();
   if (fs_) recordSettled(true);
+  removeLease(store_);
+}
+
+void SharedLayers::renewLease(const std::set<LayerRef>& in_use) {
+  if (in_use.empty()) return;
+  // A node that may only read the store leaves no lease: `dsec layer gc` cannot see its layers (docs/layer-store.md).
+  if (Status st = writeLease(store_, in_use); !st.ok() && !lease_warned_) {
+    lease_warned_ = true;
+    DSEC_LOG(kWarn, "fs3") << "no lease in the shared store (" << st.error().message()
+                           << "): gc there cannot see the layers this node uses";
+  }
 }
 
 Result<std::string> SharedLayers::fileFor(const LayerRef& ref) {
   DSEC_ASSIGN_OR_RETURN(StoredLayer layer, store_.get(ref));
   DSEC_ASSIGN_OR_RETURN(std::string file, fs_->attach(layer));
-  std::lock_guard lock(mu_);
+  std::unique_lock lock(mu_);
   if (!attached_.insert(ref).second) return file;
+  {
+    std::set<LayerRef> in_use = attached_;
+    lock.unlock();
+    renewLease(in_use);  // before the mount uses it, so a gc elsewhere sees it
+    lock.lock();
+  }
   // The first mount of the layer on this node: prefetch what a recording names, else record this start.
   if (auto chunks = readRecording(store_, options_.cache_dir, layer)) {
     startPrefetch(layer, std::move(*chunks));

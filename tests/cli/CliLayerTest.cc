@@ -192,7 +192,8 @@ TEST_F(CliLayer, PushToASharedStoreListsItAndIsIdempotent) {
   ASSERT_EQ(again.exit_code, 0) << again.err;
   EXPECT_NE(again.out.find(": 0 of "), std::string::npos) << again.out;  // nothing new
 
-  // Built with --store: built and pushed in one go; the store lists both.
+  // Built with --store: built and pushed in one go; the store lists both. (Its own bytes: chunks of its own.)
+  std::ofstream(src.path() + "/two.txt") << std::string(300000, 'x');
   ASSERT_EQ(dsec({"layer", "build", "demo:2", "--from-dir", src.path(), "--store", store.path()}).exit_code, 0);
   auto listed = dsec({"layer", "ls", "--store", store.path()});
   ASSERT_EQ(listed.exit_code, 0) << listed.err;
@@ -222,6 +223,18 @@ TEST_F(CliLayer, PushToASharedStoreListsItAndIsIdempotent) {
   auto warm = dsec({"layer", "prefetch", "demo:2", "--store", store.path(), "--all"});
   ASSERT_EQ(warm.exit_code, 0) << warm.err;
   EXPECT_NE(warm.out.find("demo:2: 0 chunks fetched"), std::string::npos) << warm.out;
+
+  // Removed from the store, then its chunks collected (demo:1's stay: it still names its own).
+  auto rm = dsec({"layer", "rm", "demo:2", "--store", store.path()});
+  ASSERT_EQ(rm.exit_code, 0) << rm.err;
+  EXPECT_FALSE(fs::exists(store.path() + "/layers/demo/2"));
+  EXPECT_TRUE(fs::exists(store.path() + "/layers/demo/1/manifest.json"));
+  auto gc = dsec({"layer", "gc", "--store", store.path(), "--grace", "0"});
+  ASSERT_EQ(gc.exit_code, 0) << gc.err;
+  EXPECT_NE(gc.out.find("removed "), std::string::npos) << gc.out;
+  EXPECT_EQ(gc.out.find("removed 0 chunks"), std::string::npos) << gc.out;
+  auto again_gc = dsec({"layer", "gc", "--store", store.path(), "--grace", "0"});
+  EXPECT_NE(again_gc.out.find("removed 0 chunks"), std::string::npos) << again_gc.out;
 }
 
 }  // namespace

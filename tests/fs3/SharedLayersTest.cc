@@ -14,6 +14,7 @@
 #include "dsec/fs3/LayerStore.h"
 #include "dsec/fs3/Prefetch.h"
 #include "dsec/fs3/SharedLayers.h"
+#include "dsec/fs3/StoreMaintenance.h"
 #include "dsec/testing/TestSupport.h"
 
 namespace dsec::fs3 {
@@ -89,6 +90,12 @@ TEST_F(SharedLayersTest, TheFirstStartIsRecordedAndALaterNodePrefetchesItBeforeI
     auto first = openNode("first", store_.dir());
     ASSERT_OK(first);
     std::string dir = mountLayer(**first, "first");
+    // The node's lease names the layer while it uses it (gc and removal elsewhere see it).
+    auto leases = liveLeases(store_);
+    ASSERT_OK(leases);
+    ASSERT_EQ(leases->size(), 1u);
+    EXPECT_EQ(leases->front().layers, std::vector<LayerRef>{ref_});
+    EXPECT_EQ(removeStoredLayer(store_, ref_).error().code(), ErrorCode::kConflict);
     EXPECT_EQ(*readFile(dir + "/hello.txt"), "hello\n");
     EXPECT_EQ(*readFile(dir + "/sub/file.txt"), "in sub\n");
     // Quiet for the settle time: the recording goes to the store.
@@ -96,6 +103,7 @@ TEST_F(SharedLayersTest, TheFirstStartIsRecordedAndALaterNodePrefetchesItBeforeI
     touched = (*first)->fs().touchedChunks(ref_);
     unmountAll();
   }
+  EXPECT_TRUE(liveLeases(store_)->empty());  // gone with the node
   auto stored = store_.get(ref_);
   ASSERT_OK(stored);
   auto recorded = readRecording(store_, "", *stored);

@@ -73,6 +73,7 @@ class SharedLayers {
   };
   explicit SharedLayers(const SharedLayersOptions& options) : options_(options), store_(options.store_dir) {}
   void startPrefetch(const StoredLayer& layer, std::vector<size_t> chunks);
+  void renewLease(const std::set<LayerRef>& in_use);  // the store's lease naming the layers this node uses
 
   SharedLayersOptions options_;
   // Declared before fs_, destroyed after it: the FUSE threads (fs_) report failures into them until fs_ is gone.
@@ -83,6 +84,7 @@ class SharedLayers {
   PrefetchStats prefetch_stats_;
   std::condition_variable wake_;
   std::atomic<bool> stopping_{false};
+  std::atomic<bool> lease_warned_{false};
   ChunkStore store_;
   std::shared_ptr<ChunkCache> cache_;
   std::unique_ptr<LazyLayerFs> fs_;
