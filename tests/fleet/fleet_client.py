@@ -1,7 +1,7 @@
 """The pydsec side of tests/fleet/fleet_test.sh, run inside a Slurm job (srun) of its own.
 
 fleet_client.py PHASE STATE_FILE [ARG]: create | session | check | lost NODE | after-join NODE | admission |
-failover NODE | snapshot | cleanup.
+failover NODE | snapshot | store MD5 | cleanup.
 Exits non-zero with a message on the first failed expectation."""
 
 import json
@@ -299,6 +299,29 @@ def main():
         print(f"{len(kept)} sandboxes of the other nodes serve; 6 new ones on {sorted(set(new.values()))}")
         sandboxes.update(new)
         save(state_path, {"sandboxes": sandboxes, "lost_node": arg})
+    elif phase == "store":
+        # The image is only in the fleet's shared layer store: batches of concurrent creates (concurrent first
+        # mounts on each node) until the sandboxes span both nodes; each reads the whole 4 MiB file.
+        from concurrent.futures import ThreadPoolExecutor
+
+        def one(_):
+            sb = client.create("ondemand:1", cpus=0.1, memory="64M", labels=LABELS)
+            return sb.id, sb.info()["node"], sb.exec("md5sum /data/big.bin")
+
+        made = {}
+        for _ in range(5):
+            with ThreadPoolExecutor(8) as pool:
+                for sid, node, r in pool.map(one, range(8)):
+                    if r.exit_code != 0 or r.stdout.split()[0] != arg:
+                        fail(f"{sid} on {node}: md5sum gave {r.exit_code} {r.stdout!r} {r.stderr!r}")
+                    made[sid] = node
+            if len(set(made.values())) >= 2:
+                break
+        nodes = sorted(set(made.values()))
+        if len(nodes) < 2:
+            fail(f"{len(made)} sandboxes of the shared store's image all landed on {nodes}")
+        print(f"{len(made)} sandboxes of an image only in the shared store, on {nodes}, each read it whole")
+        save(state_path, {"sandboxes": made})
     elif phase == "session":
         # A session through the gateway: its sandboxes spread over the nodes, the merged session lists all
         # of them, attach (as a requeued trainer would) returns them all, destroy removes them everywhere.

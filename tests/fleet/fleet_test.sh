@@ -27,6 +27,9 @@
 #   microVM with a running counter is snapshotted (memory and processes) on one node and restored on the other,
 #   where the counter runs on (skipped, saying so, when the nodes have no microvm backend).
 #   Skipped (77) when the nodes have no snapshot routes.
+# `fleet_test.sh store`: a layer only in a shared layer store (built from the fixture's busybox tree plus a 4 MiB
+#   file and pushed there) and rollout-fleet.sbatch on 2 nodes with DSEC_STORE set: batches of 8 concurrent creates
+#   of its image until they span both nodes, each reading the whole file; every node fetched each chunk once.
 # `fleet_test.sh trainer`: slurm-configs/trainer.sbatch in the preemptible partition makes sandboxes through a
 #   session and starts a background process in each; a rollout job preempts it; while it waits to be requeued
 #   its lease lapses and the fleet pauses the sandboxes; the requeued trainer attaches and finds every sandbox
@@ -173,6 +176,49 @@ if [ "$CASE" = snapshot ]; then
     [ "$rc" = 77 ] && skip_test "the fleet's nodes have no snapshot routes yet"
     [ "$rc" = 0 ] || fail "restoring a snapshot on another node failed"
     [ -z "$(ls "$ROOT/snapshots" 2>/dev/null)" ] || fail "snapshots left in $ROOT/snapshots: $(ls "$ROOT/snapshots")"
+    client cleanup
+    log "PASS"
+    exit 0
+fi
+
+if [ "$CASE" = store ]; then
+    # A layer only in the fleet's shared layer store (not in the nodes' own): built from the fixture's busybox
+    # tree plus a 4 MiB file, in a root of its own, and pushed to $WORK/shared-store.
+    [ -x "${DSEC_CLI:-}" ] || skip_test "DSEC_CLI (the dsec binary) is not set"
+    [ -e /dev/fuse ] || skip_test "no /dev/fuse: on-demand layers need FUSE"
+    SHARED="$WORK/shared-store"
+    mkdir -p "$SHARED" "$WORK/base-mnt" "$WORK/tree"
+    mount -t erofs -o ro "$STORE/layers/testbase/1/layer.erofs" "$WORK/base-mnt"
+    cp -a "$WORK/base-mnt/." "$WORK/tree/"
+    umount "$WORK/base-mnt"
+    mkdir -p "$WORK/tree/data"
+    head -c 4194304 /dev/urandom >"$WORK/tree/data/big.bin"
+    md5=$(md5sum <"$WORK/tree/data/big.bin" | cut -d' ' -f1)
+    "$DSEC_CLI" layer build ondemand:1 --from-dir "$WORK/tree" --root "$WORK/builder" --store "$SHARED" ||
+        fail "building and pushing the layer failed"
+    [ ! -e "$ROOT/layers/ondemand" ] || fail "the layer is in the nodes' own store: the test would prove nothing"
+    export DSEC_STORE="$SHARED"
+    FLEET_NODES=2 start_fleet --ntasks-per-node=1 -c1
+    CLIENT_ARG=$md5 client store
+    # Every node fetched each chunk it needed once, however many of its sandboxes mounted the layer at once.
+    python3 - "$FLEET_FILE" <<'PY' || fail "a node fetched a chunk twice, or not at all"
+import json, sys, urllib.request
+fleet = json.load(open(sys.argv[1]))
+def get(endpoint, path):
+    req = urllib.request.Request(endpoint + path, headers={"Authorization": "Bearer " + fleet["token"]})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.load(r)
+for node in get(fleet["endpoint"], "/v1/fleet/nodes")["nodes"]:
+    own = get(node["endpoint"], "/v1/node")
+    store = own["layer_store"]
+    assert store and store["error"] is None, f"{node['name']}: {store}"
+    c = store["chunk_cache"]
+    print(f"{node['name']}: {own['sandboxes']} sandboxes; {c['misses']} chunks fetched "
+          f"({c['bytes_fetched']} bytes), {c['chunks']} cached, {c['hits']} hits, {c['corrupt']} corrupt")
+    assert own["sandboxes"] > 0, f"{node['name']} has no sandbox of the image"
+    assert c["misses"] == c["chunks"] and c["evictions"] == 0, f"{node['name']} fetched a chunk twice: {c}"
+    assert c["bytes_fetched"] >= 4 << 20 and c["corrupt"] == 0 and c["fetch_errors"] == 0, f"{node['name']}: {c}"
+PY
     client cleanup
     log "PASS"
     exit 0

@@ -109,8 +109,9 @@ TEST(NodeJson, TheNodeHasExactlyTheFieldsOfTheApi) {
   node.capacity.max_sandboxes = 4;
   node.sandboxes = 1;
   json j = toJson(node);
-  EXPECT_EQ(keysOf(j), (std::set<std::string>{"node", "fleet", "backends", "unavailable_backends", "backend_notes",
-                                              "capacity", "sandboxes", "density", "admission", "isolation", "qos"}));
+  EXPECT_EQ(keysOf(j),
+            (std::set<std::string>{"node", "fleet", "backends", "unavailable_backends", "backend_notes", "capacity",
+                                   "sandboxes", "density", "admission", "isolation", "qos", "layer_store"}));
   EXPECT_EQ(j["backends"], json::array({"container", "fncall"}));
   EXPECT_EQ(j["unavailable_backends"], (json{{"vm", "no QEMU"}}));
   EXPECT_EQ(j["backend_notes"], (json{{"microvm", "TCG, not KVM"}}));
@@ -120,6 +121,24 @@ TEST(NodeJson, TheNodeHasExactlyTheFieldsOfTheApi) {
   EXPECT_TRUE(j["density"].is_null());
   EXPECT_TRUE(j["admission"].is_null());
   EXPECT_TRUE(j["qos"].is_null());
+  EXPECT_TRUE(j["layer_store"].is_null());  // no shared store
+
+  SharedStoreInfo store;
+  store.store = "/shared/store";
+  store.cache.misses = 3;
+  store.cache.bytes_fetched = 3 << 17;
+  store.failures = {{std::string(64, 'a'), "corrupt in the store", 5.0}};
+  node.layer_store = store;
+  json shared = toJson(node)["layer_store"];
+  EXPECT_EQ(keysOf(shared), (std::set<std::string>{"store", "error", "chunk_cache", "prefetch", "events"}));
+  EXPECT_EQ(keysOf(shared["chunk_cache"]),
+            (std::set<std::string>{"capacity_bytes", "bytes", "chunks", "hits", "misses", "bytes_fetched", "evictions",
+                                   "corrupt", "fetch_errors"}));
+  EXPECT_EQ(keysOf(shared["prefetch"]), (std::set<std::string>{"recordings_written", "prefetches", "chunks", "bytes"}));
+  EXPECT_TRUE(shared["error"].is_null());
+  EXPECT_EQ(shared["chunk_cache"]["misses"], 3);
+  EXPECT_EQ(shared["events"][0]["what"], "corrupt in the store");
+  node.layer_store.reset();
 
   node.density = DensityNodeInfo{};
   node.density->actions_total = {{"pause", 1}};
