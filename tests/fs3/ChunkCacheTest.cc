@@ -9,6 +9,7 @@
 #include <random>
 #include <thread>
 
+#include "LayerTestUtil.h"
 #include "dsec/common/Strings.h"
 #include "dsec/fs3/ChunkCache.h"
 #include "dsec/fs3/ChunkStore.h"
@@ -17,14 +18,8 @@
 namespace dsec::fs3 {
 namespace {
 
+using ::dsec::fs3::testing::randomBytes;
 using ::dsec::testing::TempDir;
-
-std::string randomBytes(size_t n, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::string s(n, '\0');
-  for (auto& c : s) c = static_cast<char>(gen());
-  return s;
-}
 
 // Chunks in memory; counts fetches; can lie about one chunk and be slow.
 class FakeSource : public ChunkSource {

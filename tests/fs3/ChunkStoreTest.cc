@@ -4,6 +4,7 @@
 
 #include <random>
 
+#include "LayerTestUtil.h"
 #include "dsec/common/Strings.h"
 #include "dsec/fs3/ChunkStore.h"
 #include "dsec/testing/TestSupport.h"
@@ -11,14 +12,8 @@
 namespace dsec::fs3 {
 namespace {
 
+using ::dsec::fs3::testing::randomBytes;
 using ::dsec::testing::TempDir;
-
-std::string randomBytes(size_t n, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::string s(n, '\0');
-  for (auto& c : s) c = static_cast<char>(gen());
-  return s;
-}
 
 class ChunkStoreTest : public ::testing::Test {
  protected:

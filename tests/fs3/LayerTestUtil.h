@@ -7,6 +7,7 @@
 #include <sys/xattr.h>
 #include <unistd.h>
 
+#include <random>
 #include <string>
 
 #include "dsec/common/Process.h"
@@ -54,6 +55,14 @@ inline Status makeSampleTree(const std::string& dir) {
   struct timespec times[2] = {{kSampleMtime, 0}, {kSampleMtime, 0}};
   if (::utimensat(AT_FDCWD, (dir + "/hello.txt").c_str(), times, 0) != 0) return Error::sys(errno, "utimensat");
   return okStatus();
+}
+
+// n bytes of a seeded pseudo-random stream: the same seed, the same bytes (chunks that must or must not match).
+inline std::string randomBytes(size_t n, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::string s(n, '\0');
+  for (auto& c : s) c = static_cast<char>(gen());
+  return s;
 }
 
 inline int countMountsAt(const std::string& path) {

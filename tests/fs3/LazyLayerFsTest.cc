@@ -22,13 +22,6 @@ namespace {
 using ::dsec::testing::TempDir;
 using namespace ::dsec::fs3::testing;
 
-std::string randomBytes(size_t n, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::string s(n, '\0');
-  for (auto& c : s) c = static_cast<char>(gen());
-  return s;
-}
-
 class LazyLayerFsTest : public ::testing::Test {
  protected:
   void SetUp() override {

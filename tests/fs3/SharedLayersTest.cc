@@ -39,10 +39,7 @@ class SharedLayersTest : public ::testing::Test {
     if (::access("/dev/fuse", R_OK | W_OK) != 0) GTEST_SKIP() << "no /dev/fuse (FUSE is not available)";
     std::string tree = tmp_.path() + "/tree";
     ASSERT_OK(makeSampleTree(tree));
-    std::mt19937 gen(9);
-    std::string big(3 << 20, '\0');
-    for (auto& c : big) c = static_cast<char>(gen());
-    ASSERT_OK(writeFile(tree + "/big.bin", big));
+    ASSERT_OK(writeFile(tree + "/big.bin", randomBytes(3 << 20, 9)));
     ASSERT_OK(local_.init());
     auto built = local_.buildFromDir(ref_, tree, "", "dir:test");
     ASSERT_OK(built);
