@@ -8,6 +8,7 @@ not apply) with a grader that runs as a stateless function call (`client.call`, 
 gives the create latency (client side, call to return) and the wall time.
 
     /usr/bin/python3 examples/rollout.py [--count 32] [--concurrency 32] [--root /var/lib/dsec] [--fleet default]
+                                         [--store DIR]
 
 Needs a running `dsec serve` (its fleet file ~/.dsec/fleets/<fleet>.json, or DSEC_ENDPOINT/DSEC_TOKEN) and the
 `dsec` binary ($DSEC_BIN, else PATH) to build the image layers once; later runs reuse them.
@@ -172,8 +173,19 @@ def make_workspace_dir(parent: str) -> str:
     return root
 
 
-def ensure_image(client: pydsec.Client, root: str) -> Tuple[List[str], List[str]]:
-    """Make sure the three layers exist. Returns (built, reused)."""
+def store_layers(store: str) -> set:
+    """NAME:VERSION of every layer in the shared layer store at `store`."""
+    out = subprocess.run([find_dsec(), "layer", "ls", "--store", store, "--json"], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"rollout: cannot list the shared store {store}: {out.stderr.strip()}")
+    return {f"{m['name']}:{m['version']}" for m in json.loads(out.stdout)["layers"]}
+
+
+def ensure_image(client: pydsec.Client, root: str, store: Optional[str] = None) -> Tuple[List[str], List[str]]:
+    """Make sure the three layers exist: in the node's store, or with `store`, in the shared layer store (built in
+    `root` and pushed). Returns (built, reused)."""
+    if store:
+        return ensure_image_in_store(root, store)
     have = {f"{m.get('name')}:{m.get('version')}" for m in client.layers()}
     wanted = [
         (BASE, ["--debootstrap", "bookworm"]),
@@ -207,6 +219,37 @@ def ensure_image(client: pydsec.Client, root: str) -> Tuple[List[str], List[str]
         if missing:
             raise SystemExit(f"rollout: the node does not see {', '.join(missing)} after building them into {root}: "
                              "is --root the root that `dsec serve` uses?")
+    return built, reused
+
+
+def ensure_image_in_store(root: str, store: str) -> Tuple[List[str], List[str]]:
+    """The three layers in the shared store: pushed from `root` when built there already, else built there and
+    pushed (`--store`). The node reads them on demand; it needs no copy of its own."""
+    dsec = find_dsec()
+    wanted = [(BASE, ["--debootstrap", "bookworm"]), (TOOLKIT, ["--on", BASE, "--run", TOOLKIT_CMD]), (WORKSPACE, None)]
+    in_store = store_layers(store)
+    built, reused = [], []
+    for layer, args in wanted:
+        if layer in in_store:
+            reused.append(layer)
+            continue
+        name, version = layer.split(":")
+        if os.path.exists(os.path.join(root, "layers", name, version, "manifest.json")):
+            cmd = [dsec, "layer", "push", layer, "--root", root, "--store", store]
+        else:
+            with tempfile.TemporaryDirectory(prefix="dsec-rollout-") as tmp:
+                if args is None:
+                    args = ["--from-dir", make_workspace_dir(tmp)]
+                cmd = [dsec, "layer", "build", layer, *args, "--root", root, "--store", store]
+                print(f"rollout: building layer {layer} into the shared store: {' '.join(cmd[1:])}", flush=True)
+                if subprocess.run(cmd).returncode != 0:
+                    raise SystemExit(f"rollout: building layer {layer} failed")
+                built.append(layer)
+                continue
+        print(f"rollout: pushing layer {layer} to the shared store {store}", flush=True)
+        if subprocess.run(cmd).returncode != 0:
+            raise SystemExit(f"rollout: pushing layer {layer} failed")
+        built.append(layer)
     return built, reused
 
 
@@ -373,6 +416,9 @@ def main() -> int:
                     help="dsec root to build layers in: the one `dsec serve` uses (default $DSEC_ROOT, else the "
                          "root in the fleet file, else /var/lib/dsec)")
     ap.add_argument("--fleet", default=None, help="fleet name (default $DSEC_FLEET or 'default')")
+    ap.add_argument("--store", default=os.environ.get("DSEC_STORE"),
+                    help="a shared layer store (docs/layer-store.md): the layers are built in --root and pushed "
+                         "there, and the fleet's nodes (started with --store) read them on demand (default $DSEC_STORE)")
     args = ap.parse_args()
     if args.count < 1 or args.concurrency < 1:
         ap.error("--count and --concurrency must be >= 1")
@@ -383,7 +429,7 @@ def main() -> int:
         health = sync_client.health()
         print(f"rollout: fleet {health.get('fleet')} at {sync_client.endpoint}, node {health.get('node')}")
         t0 = time.monotonic()
-        built, reused = ensure_image(sync_client, args.root)
+        built, reused = ensure_image(sync_client, args.root, args.store)
         print(f"rollout: image {IMAGE} ready in {time.monotonic() - t0:.1f} s "
               f"(built: {', '.join(built) or 'none'}; reused: {', '.join(reused) or 'none'})", flush=True)
 
