@@ -42,7 +42,7 @@ class LazyLayerFsTest : public ::testing::Test {
     ASSERT_OK(stored);
     stored_ = *stored;
     cache_ = std::make_shared<ChunkCache>(tmp_.path() + "/cache", 64 << 20,
-                                          std::make_shared<StoreChunkSource>(shared_.dir(), 2));
+                                          std::make_shared<StoreChunkSource>(shared_.dir(), 10));
     ASSERT_OK(cache_->init());
     auto fs = LazyLayerFs::mount(tmp_.path() + "/lazy", cache_);
     if (!fs.ok() && fs.error().code() == ErrorCode::kUnsupported) GTEST_SKIP() << fs.error().message();
