@@ -1,10 +1,12 @@
 // dsec doctor: what this host supports for dsec (namespaces, cgroups, overlay/EROFS, KVM, BPF LSM...), whether
 // the sandbox init helper and the layer store are usable. Exits 0 when container sandboxes can run here.
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <iostream>
 
 #include "Commands.h"
+#include "SharedStoreCommands.h"
 #include "dsec/backends/container/ContainerBackend.h"
 #include "dsec/backends/vm/Initramfs.h"
 #include "dsec/backends/vm/VmBackend.h"
@@ -12,6 +14,7 @@
 #include "dsec/common/HostFeatures.h"
 #include "dsec/common/Process.h"
 #include "dsec/common/Strings.h"
+#include "dsec/fs3/ChunkStore.h"
 #include "dsec/fs3/LayerStore.h"
 
 namespace dsec::cli {
@@ -105,6 +108,27 @@ int cmdDoctor(const Invocation& inv) {
     fs3::LayerStore store(common.root);
     auto layers = store.list();
     line("layers", layers.ok(), layers.ok() ? std::to_string(layers->size()) + " layer(s)" : layers.error().message());
+  }
+  std::cout << "shared layer store (on-demand layers, docs/layer-store.md):\n";
+  {
+    bool fuse = access("/dev/fuse", R_OK | W_OK) == 0;
+    line("FUSE", fuse,
+         fuse ? "/dev/fuse" : "/dev/fuse missing: nodes started with --store cannot mount layers on demand");
+    const std::string store = defaultStore();
+    if (store.empty()) {
+      line("store", true, "none given (--store or DSEC_STORE): layers come from the node's own store only");
+    } else {
+      fs3::ChunkStore shared(store);
+      struct stat st {};
+      if (::stat(shared.dir().c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+        line("store " + shared.dir(), false, "not a directory this host can read");
+      } else {
+        auto stats = shared.stats();
+        line("store " + shared.dir(), stats.ok(),
+             stats.ok() ? std::to_string(stats->layers) + " layer(s) in " + std::to_string(stats->chunks) + " chunks"
+                        : stats.error().message());
+      }
+    }
   }
   std::cout << (container_ok ? "container sandboxes can run on this host\n"
                              : "container sandboxes cannot run on this host (see [MISS] above)\n");

@@ -25,6 +25,15 @@ TEST(CliDoctor, ContainerSandboxesCanRunHere) {
   EXPECT_NE(r.out.find("cgroup driver"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("dsec-sandbox-init"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("container sandboxes can run on this host"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("shared layer store"), std::string::npos) << r.out;
+  // A store given through the environment is read and summed up; a missing one is a [MISS] naming it.
+  TempDir store;
+  ASSERT_OK(makeDirs(store.path() + "/layers"));
+  auto with_store = runDsec({"doctor", "--root", root.path()}, {{"DSEC_STORE", store.path()}});
+  EXPECT_NE(with_store.out.find("[ok]   store " + store.path() + ": 0 layer(s)"), std::string::npos) << with_store.out;
+  auto broken = runDsec({"doctor", "--root", root.path()}, {{"DSEC_STORE", store.path() + "/layers/none"}});
+  EXPECT_NE(broken.out.find("[MISS] store " + store.path() + "/layers/none: not a directory"), std::string::npos)
+      << broken.out;
 }
 
 TEST(CliBench, CreateSmallRunPrintsJsonSummary) {
