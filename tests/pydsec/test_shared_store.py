@@ -166,3 +166,10 @@ def shared_chunks(store, ref):
     name, version = ref.split(":")
     with open(os.path.join(store, "layers", name, version, "manifest.json")) as f:
         return json.load(f)["chunks"]
+
+
+def test_an_image_in_neither_store_is_a_clear_not_found_naming_both(shared):
+    c = shared["client"]
+    with pytest.raises(pydsec.NotFoundError) as e:
+        c.create(image="nowhere:1")
+    assert "nowhere:1" in str(e.value) and "shared store" in str(e.value), str(e.value)
