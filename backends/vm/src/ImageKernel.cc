@@ -267,7 +267,7 @@ Result<std::string> prepareImageKernelDir(int image_root_fd, const ImageKernel& 
   const std::string dir = cache_root + leaf;
   if (::access((dir + "/VERSION").c_str(), R_OK) == 0) return dir;
 
-  DSEC_TRY(makeDirs(cache_root, 0700));
+  DSEC_TRY(makePrivateDir(cache_root));
   const std::string tmp = dir + ".tmp." + std::to_string(::getpid()) + "." + randomHex(8);
   auto write_all = [&]() -> Status {
     DSEC_TRY(makeDirs(tmp + "/modules", 0755));

@@ -28,7 +28,6 @@ namespace dsec::backends::vm {
 namespace {
 
 constexpr const char* kLog = "vm";
-constexpr const char* kVmShmRoot = "/dev/shm/dsec-vm";
 constexpr int64_t kMinMemoryBytes = 128ll << 20;
 constexpr int kMaxCpus = 64;
 // QEMU's own threads (vCPUs, I/O, RCU) are all it may run: spawn is denied by its seccomp filter anyway.
@@ -85,7 +84,8 @@ Status validateSpec(const SandboxSpec& spec, const std::string& kind) {
 // One initramfs per agent binary and guest kernel, shared by every backend on the host: a node that is killed
 // leaves nothing of its own behind, and the file (a few MiB of tmpfs) is written again only when the agent or the
 // kernel changes. Named by a hash of what it is made of.
-Result<std::string> sharedInitramfs(const std::string& agent, const std::string& kernel_dir) {
+Result<std::string> sharedInitramfs(const std::string& shared_dir, const std::string& agent,
+                                    const std::string& kernel_dir) {
   struct stat agent_st {};
   struct stat order_st {};
   if (::stat(agent.c_str(), &agent_st) != 0) return Error::sys(errno, "stat " + agent);
@@ -100,9 +100,8 @@ Result<std::string> sharedInitramfs(const std::string& agent, const std::string&
   for (unsigned char c : key) hash = (hash ^ c) * 1099511628211ull;
   char name[64];
   std::snprintf(name, sizeof name, "/initramfs-%016llx.cpio", static_cast<unsigned long long>(hash));
-  const std::string path = std::string(kVmShmRoot) + name;
+  const std::string path = shared_dir + name;
   if (::access(path.c_str(), R_OK) == 0) return path;
-  DSEC_TRY(makeDirs(kVmShmRoot, 0700));
   DSEC_TRY(writeInitramfs(path, agent, kernel_dir));  // written aside and renamed into place
   return path;
 }
@@ -275,8 +274,8 @@ class VmBackend : public Backend {
     DSEC_ASSIGN_OR_RETURN(auto found, findImageKernel(view.get()));
     BootFiles files = dsec_kernel;
     if (found) {
-      DSEC_ASSIGN_OR_RETURN(std::string dir, prepareImageKernelDir(view.get(), *found, kVmShmRoot));
-      DSEC_ASSIGN_OR_RETURN(files.initrd, sharedInitramfs(shared_->agent, dir));
+      DSEC_ASSIGN_OR_RETURN(std::string dir, prepareImageKernelDir(view.get(), *found, shared_->options.shared_dir));
+      DSEC_ASSIGN_OR_RETURN(files.initrd, sharedInitramfs(shared_->options.shared_dir, shared_->agent, dir));
       files.kernel = dir + "/vmlinuz";
       files.init = found->init;
       files.kernel_release = found->release;
@@ -425,7 +424,7 @@ Result<std::unique_ptr<Backend>> makeVmBackend(const VmBackendOptions& options) 
   shared->options = options;
   const std::string kind = backendKindName(options.kind);
   if (shared->options.run_root.empty()) {
-    shared->options.run_root = std::string(kVmShmRoot) + "/" + options.cgroup_parent + "/" + kind;
+    shared->options.run_root = options.shared_dir + "/" + options.cgroup_parent + "/" + kind;
   }
   if (findProgram(options.qemu).empty() && options.qemu.find('/') == std::string::npos) {
     return Error(ErrorCode::kUnsupported, options.qemu + " is not installed (apt-get install qemu-system-x86)");
@@ -444,9 +443,13 @@ Result<std::unique_ptr<Backend>> makeVmBackend(const VmBackendOptions& options) 
   if (agent.empty()) {
     DSEC_ASSIGN_OR_RETURN(agent, findGuestAgent());
   }
+  // Root's own, or refused: another user's directory here would choose what every VM boots.
+  if (auto st = makePrivateDir(shared->options.shared_dir); !st.ok()) {
+    return st.error().wrap("the VM backends' shared directory (files every VM boots)");
+  }
   DSEC_TRY(makeDirs(shared->options.run_root, 0700));
   if (::chmod(shared->options.run_root.c_str(), 0700) != 0) return Error::sys(errno, "chmod run root");
-  DSEC_ASSIGN_OR_RETURN(shared->initrd, sharedInitramfs(agent, kernel_dir));
+  DSEC_ASSIGN_OR_RETURN(shared->initrd, sharedInitramfs(shared->options.shared_dir, agent, kernel_dir));
   shared->agent = agent;
   shared->tsc_khz = hostTscKhz();
   DSEC_ASSIGN_OR_RETURN(shared->cgroups, detectCgroupDriver(options.cgroup_parent));

@@ -19,8 +19,12 @@ struct VmBackendOptions {
   BackendKind kind = BackendKind::kMicrovm;  // kMicrovm | kVm
   // The node's cgroup parent (sandboxes' cgroups live under it, named by sandbox id, as containers' do).
   std::string cgroup_parent = "dsec";
+  // What every backend of the host shares: the initramfs files and image kernels (named by their content) and,
+  // by default, the run roots. It must be root's own (0700, not a symlink): a directory another user made first
+  // is refused, since whatever it holds would boot in every VM.
+  std::string shared_dir = "/dev/shm/dsec-vm";
   // Where each VM's files live (sockets, its RAM file, logs): <run_root>/<id>, a tmpfs so that guest RAM is
-  // shared memory. "" : /dev/shm/dsec-vm/<cgroup_parent>/<kind>.
+  // shared memory. "" : <shared_dir>/<cgroup_parent>/<kind>.
   std::string run_root;
   std::string kernel_dir;  // "" : findGuestKernelDir()
   std::string agent_path;  // "" : findGuestAgent()
