@@ -29,11 +29,6 @@ bool transient(int err) {
          err == EHOSTDOWN || err == ENODEV;
 }
 
-bool isChunkName(const std::string& s) {
-  return s.size() == 64 &&
-         std::all_of(s.begin(), s.end(), [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
-}
-
 }  // namespace
 
 StoreChunkSource::StoreChunkSource(std::string store_dir, double retry_seconds)
@@ -94,7 +89,7 @@ Status ChunkCache::init() {
     for (const auto& f : *files) {
       std::string path = dir_ + "/" + sub.name + "/" + f.name;
       struct stat st {};
-      if (!isChunkName(f.name) || f.name.substr(0, 2) != sub.name || ::lstat(path.c_str(), &st) != 0 ||
+      if (!isSha256Hex(f.name) || f.name.substr(0, 2) != sub.name || ::lstat(path.c_str(), &st) != 0 ||
           !S_ISREG(st.st_mode)) {
         ::unlink(path.c_str());  // half-written (name.tmp.*) or not ours
         continue;
@@ -155,7 +150,7 @@ ChunkCacheStats ChunkCache::stats() const {
 }
 
 Result<UniqueFd> ChunkCache::open(const std::string& sha256, int64_t length, bool* fetched) {
-  if (!isChunkName(sha256)) return Error::invalid("not a chunk name: " + sha256);
+  if (!isSha256Hex(sha256)) return Error::invalid("not a chunk name: " + sha256);
   if (fetched != nullptr) *fetched = false;
   std::unique_lock lock(mu_);
   for (;;) {

@@ -28,11 +28,6 @@ Error corrupt(const std::string& what, const std::string& why) {
   return Error(ErrorCode::kSystem, what + " is corrupt: " + why, EIO);
 }
 
-bool isSha256Hex(const std::string& s) {
-  return s.size() == 64 &&
-         std::all_of(s.begin(), s.end(), [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
-}
-
 std::string absolute(std::string dir) {
   if (!dir.empty() && dir[0] != '/') {
     char cwd[PATH_MAX];
@@ -83,6 +78,11 @@ std::string hexOf(const unsigned char* md, unsigned int len) {
 }
 
 }  // namespace
+
+bool isSha256Hex(std::string_view s) {
+  return s.size() == 64 &&
+         std::all_of(s.begin(), s.end(), [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
+}
 
 std::string sha256Hex(std::string_view bytes) {
   unsigned char md[EVP_MAX_MD_SIZE];

@@ -91,6 +91,10 @@ void LayerMounter::setSharedLayers(SharedLayers* shared) {
 }
 
 bool LayerMounter::available(const LayerRef& ref) const {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (refs_.count(ref) != 0) return true;  // mounted: every create of a busy image stops here
+  }
   if (store_->exists(ref)) return true;
   std::lock_guard<std::mutex> lock(mu_);
   return shared_ != nullptr && shared_->has(ref);

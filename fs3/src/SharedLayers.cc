@@ -1,6 +1,7 @@
 #include "dsec/fs3/SharedLayers.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <ctime>
@@ -72,6 +73,14 @@ void SharedLayers::renewLease(const std::set<LayerRef>& in_use) {
     DSEC_LOG(kWarn, "fs3") << "no lease in the shared store (" << st.error().message()
                            << "): gc there cannot see the layers this node uses";
   }
+}
+
+bool SharedLayers::has(const LayerRef& ref) {
+  {
+    std::lock_guard lock(mu_);
+    if (attached_.count(ref) != 0) return true;
+  }
+  return validateLayerRef(ref).ok() && ::access(store_.manifestPath(ref).c_str(), F_OK) == 0;
 }
 
 Result<std::string> SharedLayers::fileFor(const LayerRef& ref) {

@@ -231,8 +231,8 @@ def _wait_healthy(endpoint: str, proc: subprocess.Popen, deadline: float) -> Non
     raise RuntimeError("dsec serve did not become healthy within the deadline")
 
 
-@pytest.fixture(scope="session")
-def dsec():
+def integration_binary() -> str:
+    """The built dsec binary for tests that run `dsec serve`; skips, saying why, without it or without root."""
     binary = os.environ.get("DSEC_BIN")
     if not binary:
         pytest.skip("integration test: DSEC_BIN is not set (ctest sets it to the built dsec binary)")
@@ -240,6 +240,12 @@ def dsec():
         pytest.skip("integration test: dsec serve needs root (namespaces, mounts, cgroups)")
     if not os.access(binary, os.X_OK):
         pytest.fail(f"DSEC_BIN={binary} is not an executable file")
+    return binary
+
+
+@pytest.fixture(scope="session")
+def dsec():
+    binary = integration_binary()
 
     base = tempfile.mkdtemp(prefix="pydsec-it-")
     root = os.path.join(base, "root")

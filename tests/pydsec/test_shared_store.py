@@ -17,7 +17,7 @@ import pytest
 
 import pydsec
 
-from conftest import _free_port, _mounts_under, _wait_healthy, make_busybox_rootfs
+from conftest import _free_port, _mounts_under, _wait_healthy, integration_binary, make_busybox_rootfs
 
 
 def _build(binary, env, root, store, ref, rootfs):
@@ -30,11 +30,7 @@ def _build(binary, env, root, store, ref, rootfs):
 
 @pytest.fixture(scope="module")
 def shared():
-    binary = os.environ.get("DSEC_BIN")
-    if not binary:
-        pytest.skip("integration test: DSEC_BIN is not set (ctest sets it to the built dsec binary)")
-    if os.geteuid() != 0:
-        pytest.skip("integration test: dsec serve needs root (namespaces, mounts, cgroups)")
+    binary = integration_binary()
     if not os.path.exists("/dev/fuse"):
         pytest.skip("FUSE is not available (no /dev/fuse): on-demand layers need it")
     base = tempfile.mkdtemp(prefix="pydsec-store-")

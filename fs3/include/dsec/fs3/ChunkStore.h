@@ -90,5 +90,7 @@ Result<StoredLayer> parseStoredLayer(const std::string& text, const std::string&
 
 // Lowercase hex sha256 of bytes.
 std::string sha256Hex(std::string_view bytes);
+// 64 lowercase hex digits: what a chunk's name (and so its file name) must be.
+bool isSha256Hex(std::string_view s);
 
 }  // namespace dsec::fs3

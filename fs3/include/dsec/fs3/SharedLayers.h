@@ -54,7 +54,9 @@ class SharedLayers {
   static Result<std::unique_ptr<SharedLayers>> open(const SharedLayersOptions& options);
 
   const ChunkStore& store() const { return store_; }
-  bool has(const LayerRef& ref) const { return store_.exists(ref); }
+  // Whether the store names the layer: attached here already, or its manifest is there (checked when it is
+  // mounted, not here: this runs before every create).
+  bool has(const LayerRef& ref);
   // The layer's manifest (checked) and its FUSE file, ready to mount.
   Result<std::string> fileFor(const LayerRef& ref);
   ChunkCacheStats cacheStats() const { return cache_->stats(); }
