@@ -16,6 +16,8 @@
 #include "dsec/common/Strings.h"
 #include "dsec/fs3/ChunkStore.h"
 #include "dsec/fs3/LayerStore.h"
+#include "dsec/fs3/SharedStore.h"
+#include "dsec/launcher/api/HttpStore.h"
 
 namespace dsec::cli {
 
@@ -117,6 +119,12 @@ int cmdDoctor(const Invocation& inv) {
     const std::string store = defaultStore();
     if (store.empty()) {
       line("store", true, "none given (--store or DSEC_STORE): layers come from the node's own store only");
+    } else if (fs3::isHttpStore(store)) {
+      // No listing over HTTP: a layer no store has tells a server that answers (404) from one that does not.
+      auto http = launcher::openSharedStore(store, 1);
+      auto probe = http.ok() ? (*http)->manifest(fs3::LayerRef{"dsec-doctor-probe", "0"}) : http.error();
+      const bool answers = !probe.ok() && probe.error().code() == ErrorCode::kNotFound;
+      line("store " + store, answers, answers ? "a chunk server answers" : probe.error().message());
     } else {
       fs3::ChunkStore shared(store);
       struct stat st {};

@@ -187,8 +187,8 @@ int layerRm(const Invocation& inv) {
 
 int cmdLayer(const Invocation& inv) {
   static const std::pair<const char*, int (*)(const Invocation&)> kSubcommands[] = {
-      {"build", layerBuild},       {"ls", layerLs}, {"rm", layerRm}, {"push", layerPush},
-      {"prefetch", layerPrefetch}, {"gc", layerGc}};
+      {"build", layerBuild},       {"ls", layerLs},     {"rm", layerRm}, {"push", layerPush},
+      {"prefetch", layerPrefetch}, {"pull", layerPull}, {"gc", layerGc}, {"serve", layerServe}};
   if (inv.args.empty() || inv.args[0] == "--help" || inv.args[0] == "-h") {
     std::ostream& out = inv.args.empty() ? std::cerr : std::cout;
     out << "usage: dsec layer build NAME:VERSION (--from-dir DIR | --debootstrap SUITE [--mirror URL] |\n"
@@ -196,11 +196,13 @@ int cmdLayer(const Invocation& inv) {
            "       dsec layer ls [--store DIR]\n"
            "       dsec layer rm NAME:VERSION... [--store DIR]\n"
            "       dsec layer push NAME:VERSION... --store DIR [--chunk-size 128K]\n"
-           "       dsec layer prefetch IMAGE --store DIR [--all]\n"
+           "       dsec layer prefetch IMAGE --store DIR|URL [--all]\n"
+           "       dsec layer pull IMAGE --store DIR|URL\n"
            "       dsec layer gc --store DIR [--grace 3600] [--dry-run]\n"
+           "       dsec layer serve --store DIR [--listen 127.0.0.1:8480] [--latency-ms N] [--accept-recordings]\n"
            "Layers live in <root>/layers (--root, default $DSEC_ROOT or /var/lib/dsec); the cluster's shared store,\n"
            "which nodes read on demand, is --store (default $DSEC_STORE).\n";
-    if (inv.args.empty()) throw UsageError("missing layer command (build, ls, rm, push, prefetch, gc)");
+    if (inv.args.empty()) throw UsageError("missing layer command (build, ls, rm, push, prefetch, pull, gc, serve)");
     return kExitOk;
   }
   for (const auto& [name, run] : kSubcommands) {
@@ -213,7 +215,7 @@ int cmdLayer(const Invocation& inv) {
       return kExitUsage;
     }
   }
-  throw UsageError("unknown layer command '" + inv.args[0] + "' (build, ls, rm, push, prefetch, gc)");
+  throw UsageError("unknown layer command '" + inv.args[0] + "' (build, ls, rm, push, prefetch, pull, gc, serve)");
 }
 
 }  // namespace dsec::cli

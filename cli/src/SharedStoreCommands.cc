@@ -11,8 +11,10 @@
 #include "dsec/common/Strings.h"
 #include "dsec/fs3/ChunkCache.h"
 #include "dsec/fs3/ChunkStore.h"
+#include "dsec/fs3/LayerPull.h"
 #include "dsec/fs3/Prefetch.h"
 #include "dsec/fs3/StoreMaintenance.h"
+#include "dsec/launcher/api/HttpStore.h"
 
 namespace dsec::cli {
 namespace {
@@ -95,13 +97,15 @@ int layerPrefetch(const Invocation& inv) {
   if (!capacity.ok()) throw UsageError("--chunk-cache: " + capacity.error().message());
   const int threads = vm["threads"].as<int>();
   if (threads < 1 || threads > 256) throw UsageError("--threads: 1 to 256");
-  fs3::ChunkStore store(store_dir);
+  auto opened = launcher::openSharedStore(store_dir);
+  if (!opened.ok()) return reportError(inv, opened.error());
+  std::shared_ptr<fs3::SharedStore> store = *opened;
   const std::string cache_dir = common.root + "/chunk-cache";
-  fs3::ChunkCache cache(cache_dir, *capacity, std::make_shared<fs3::StoreChunkSource>(store.dir()));
+  fs3::ChunkCache cache(cache_dir, *capacity, store);
   if (Status st = cache.init(); !st.ok()) return reportError(inv, st.error());
   int status = kExitOk;
   for (const auto& ref : *image) {
-    auto layer = store.get(ref);
+    auto layer = store->manifest(ref);
     if (!layer.ok()) {
       status = reportError(inv, layer.error());
       continue;
@@ -109,7 +113,7 @@ int layerPrefetch(const Invocation& inv) {
     std::vector<size_t> chunks;
     if (vm["all"].as<bool>()) {
       for (size_t i = 0; i < layer->chunks.size(); ++i) chunks.push_back(i);
-    } else if (auto recorded = fs3::readRecording(store, cache_dir, *layer)) {
+    } else if (auto recorded = fs3::readRecording(*store, cache_dir, *layer)) {
       chunks = std::move(*recorded);
     } else {
       std::cout << ref.toString() << ": no recording yet (a first start makes one; --all fetches the whole layer)\n";
@@ -121,6 +125,51 @@ int layerPrefetch(const Invocation& inv) {
               << " already cached, " << r.failed << " failed, in " << std::fixed << std::setprecision(2)
               << (monotonicSeconds() - start) << " s\n";
     if (r.failed > 0) status = kExitFailure;
+  }
+  return status;
+}
+
+int layerPull(const Invocation& inv) {
+  CommonOptions common;
+  po::options_description desc("options");
+  addCommonOptions(desc, &common, false);
+  desc.add_options()("image", po::value<std::string>(), "the image whose layers to copy, e.g. debian:12+ws:1")(
+      "store", po::value<std::string>()->default_value(defaultStore()),
+      "the shared layer store, a directory or http://HOST:PORT (env DSEC_STORE)")(
+      "threads", po::value<int>()->default_value(8), "parallel fetches");
+  po::positional_options_description positional;
+  positional.add("image", 1);
+  po::variables_map vm;
+  if (!parseCommandLine(inv, inv.args, desc, positional, "IMAGE --store DIR|URL", &vm, &common)) return kExitOk;
+  if (vm.count("image") == 0) throw UsageError("missing IMAGE");
+  auto image = fs3::parseImageRef(vm["image"].as<std::string>());
+  if (!image.ok()) throw UsageError(image.error().message());
+  const std::string store_dir = vm["store"].as<std::string>();
+  if (store_dir.empty()) throw UsageError("missing --store (or DSEC_STORE)");
+  const int threads = vm["threads"].as<int>();
+  if (threads < 1 || threads > 256) throw UsageError("--threads: 1 to 256");
+  auto opened = launcher::openSharedStore(store_dir);
+  if (!opened.ok()) return reportError(inv, opened.error());
+  fs3::LayerStore local(common.root);
+  int status = kExitOk;
+  for (const auto& ref : *image) {
+    if (local.exists(ref)) {
+      std::cout << ref.toString() << ": already here\n";
+      continue;
+    }
+    auto layer = (*opened)->manifest(ref);
+    if (!layer.ok()) {
+      status = reportError(inv, layer.error());
+      continue;
+    }
+    double start = monotonicSeconds();
+    auto pulled = fs3::pullLayer(**opened, *layer, local, threads);
+    if (!pulled.ok()) {
+      status = reportError(inv, pulled.error());
+      continue;
+    }
+    std::cout << ref.toString() << ": copied " << formatBytes(pulled->bytes) << " (" << pulled->chunks << " chunks) in "
+              << std::fixed << std::setprecision(2) << (monotonicSeconds() - start) << " s\n";
   }
   return status;
 }

@@ -23,10 +23,14 @@ int layerPush(const Invocation& inv);
 // `dsec layer prefetch IMAGE`: fills the node's chunk cache (<root>/chunk-cache) with what the image's recordings
 // name (--all: every chunk), e.g. from a fleet job's prolog.
 int layerPrefetch(const Invocation& inv);
+// `dsec layer pull IMAGE --store DIR|URL`: copies the image's layers whole into the node's own store.
+int layerPull(const Invocation& inv);
 // `dsec layer gc --store DIR [--grace SECONDS] [--dry-run]`: deletes chunks no manifest names.
 int layerGc(const Invocation& inv);
 // `dsec layer rm NAME:VERSION... --store DIR`: removes layers from the shared store (refused while a node uses one).
 int layerRmStore(const Invocation& inv, const std::vector<fs3::LayerRef>& refs, const std::string& store_dir);
+// `dsec layer serve --store DIR`: the store over HTTP for nodes started with --store http://... (CmdLayerServe.cc).
+int layerServe(const Invocation& inv);
 // `dsec layer ls --store DIR [--json]`.
 int layerLsStore(const Invocation& inv, const std::string& store_dir, bool json);
 

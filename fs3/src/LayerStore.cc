@@ -203,6 +203,32 @@ Result<LayerManifest> LayerStore::importImage(const LayerRef& ref, const std::st
   return publish(ref, staging, "", built_on, source);
 }
 
+Result<LayerManifest> LayerStore::installImage(const LayerManifest& m,
+                                               const std::function<Status(int fd)>& write_image) {
+  DSEC_TRY(validateLayerRef(m.ref));
+  if (pathExists(layerDir(m.ref))) return alreadyExists(m.ref);
+  DSEC_TRY(makeDirs(layersDir(), 0755));
+  DSEC_ASSIGN_OR_RETURN(StagingDir staging, StagingDir::create(layersDir()));
+  const std::string image = staging.path() + "/" + kImageFile;
+  {
+    UniqueFd out(::open(image.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0444));
+    if (!out) return Error::sys(errno, "create " + image);
+    if (::ftruncate(out.get(), static_cast<off_t>(m.size)) != 0) return Error::sys(errno, "size " + image);
+    DSEC_TRY(write_image(out.get()));
+    if (::fdatasync(out.get()) != 0) return Error::sys(errno, "fsync " + image);
+  }
+  DSEC_TRY(writeFileAtomic(staging.path() + "/" + kManifestFile, manifestToJson(m), 0644));
+  std::string name_dir = layersDir() + "/" + m.ref.name;
+  DSEC_TRY(makeDirs(name_dir, 0755));
+  Status published = staging.publish(layerDir(m.ref));
+  if (!published.ok()) {
+    ::rmdir(name_dir.c_str());
+    if (published.error().code() == ErrorCode::kAlreadyExists) return alreadyExists(m.ref);
+    return published.error();
+  }
+  return m;
+}
+
 Result<LayerManifest> LayerStore::publish(const LayerRef& ref, StagingDir& staging, const std::string& tree,
                                           const std::string& built_on, const std::string& source) {
   std::string context = "building layer " + ref.toString();

@@ -19,32 +19,13 @@ namespace {
 constexpr const char* kLog = "fs3";
 constexpr int kFormat = 1;
 
-std::optional<std::vector<size_t>> parseRecording(const std::string& path, const StoredLayer& layer) {
-  auto text = readFile(path);
-  if (!text.ok()) return std::nullopt;  // none there
-  auto j = nlohmann::json::parse(*text, nullptr, false);
-  auto unusable = [&](const std::string& why) -> std::optional<std::vector<size_t>> {
-    DSEC_LOG(kWarn, kLog) << "prefetch recording " << path << " not used: " << why;
-    return std::nullopt;
-  };
-  if (j.is_discarded() || !j.is_object() || !j.contains("checksum") || !j["checksum"].is_string()) {
-    return unusable("not a recording");
-  }
-  std::string checksum = j["checksum"].get<std::string>();
-  j.erase("checksum");
-  if (sha256Hex(j.dump()) != checksum) return unusable("its checksum does not match");
-  try {
-    if (j.at("format").get<int>() != kFormat) return unusable("unknown format");
-    if (j.at("layer_sha256").get<std::string>() != layer.layer.sha256) return unusable("recorded for other bytes");
-    auto chunks = j.at("chunks").get<std::vector<size_t>>();
-    std::set<size_t> seen;
-    for (size_t c : chunks) {
-      if (c >= layer.chunks.size() || !seen.insert(c).second) return unusable("a chunk index out of range or twice");
-    }
-    return chunks;
-  } catch (const nlohmann::json::exception& e) {
-    return unusable(e.what());
-  }
+// A recording read from `where`, or nullopt (logged) when it is unusable.
+std::optional<std::vector<size_t>> usableRecording(const std::string& text, const StoredLayer& layer,
+                                                   const std::string& where) {
+  auto chunks = parseRecording(text, layer);
+  if (chunks.ok()) return std::move(chunks).value();
+  DSEC_LOG(kWarn, kLog) << "prefetch recording " << where << " not used: " << chunks.error().message();
+  return std::nullopt;
 }
 
 Status writeAtomically(const std::string& path, const std::string& text) {
@@ -54,6 +35,31 @@ Status writeAtomically(const std::string& path, const std::string& text) {
 
 }  // namespace
 
+Result<std::vector<size_t>> parseRecording(const std::string& text, const StoredLayer& layer) {
+  auto j = nlohmann::json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("checksum") || !j["checksum"].is_string()) {
+    return Error::invalid("not a recording");
+  }
+  std::string checksum = j["checksum"].get<std::string>();
+  j.erase("checksum");
+  if (sha256Hex(j.dump()) != checksum) return Error::invalid("its checksum does not match");
+  try {
+    if (j.at("format").get<int>() != kFormat) return Error::invalid("unknown format");
+    if (j.at("layer_sha256").get<std::string>() != layer.layer.sha256)
+      return Error::invalid("recorded for other bytes");
+    auto chunks = j.at("chunks").get<std::vector<size_t>>();
+    std::set<size_t> seen;
+    for (size_t c : chunks) {
+      if (c >= layer.chunks.size() || !seen.insert(c).second) {
+        return Error::invalid("a chunk index out of range or twice");
+      }
+    }
+    return chunks;
+  } catch (const nlohmann::json::exception& e) {
+    return Error::invalid(e.what());
+  }
+}
+
 std::string storeRecordingPath(const ChunkStore& store, const LayerRef& ref) {
   return store.dir() + "/layers/" + ref.name + "/" + ref.version + "/prefetch.json";
 }
@@ -62,14 +68,21 @@ std::string localRecordingPath(const std::string& local_dir, const LayerRef& ref
   return local_dir + "/" + lazyFileName(ref) + ".prefetch.json";
 }
 
-std::optional<std::vector<size_t>> readRecording(const ChunkStore& store, const std::string& local_dir,
+std::optional<std::vector<size_t>> readRecording(SharedStore& store, const std::string& local_dir,
                                                  const StoredLayer& layer) {
-  if (auto shared = parseRecording(storeRecordingPath(store, layer.layer.ref), layer)) return shared;
+  const LayerRef& ref = layer.layer.ref;
+  if (auto shared = store.recording(ref); shared.ok()) {
+    if (auto chunks = usableRecording(*shared, layer, "of " + ref.toString() + " in " + store.location()))
+      return chunks;
+  }
   if (local_dir.empty()) return std::nullopt;
-  return parseRecording(localRecordingPath(local_dir, layer.layer.ref), layer);
+  const std::string local = localRecordingPath(local_dir, ref);
+  auto text = readFile(local);
+  if (!text.ok()) return std::nullopt;
+  return usableRecording(*text, layer, local);
 }
 
-Result<std::string> writeRecording(const ChunkStore& store, const std::string& local_dir, const StoredLayer& layer,
+Result<std::string> writeRecording(SharedStore& store, const std::string& local_dir, const StoredLayer& layer,
                                    const std::vector<size_t>& chunks) {
   nlohmann::json j{{"format", kFormat},
                    {"layer", layer.layer.ref.toString()},
@@ -78,9 +91,8 @@ Result<std::string> writeRecording(const ChunkStore& store, const std::string& l
                    {"chunks", chunks}};
   j["checksum"] = sha256Hex(j.dump());
   const std::string text = j.dump() + "\n";
-  const std::string shared = storeRecordingPath(store, layer.layer.ref);
-  Status st = writeAtomically(shared, text);
-  if (st.ok()) return shared;
+  Status st = store.putRecording(layer.layer.ref, text);
+  if (st.ok()) return store.location();
   if (local_dir.empty()) return st.error();
   // A node may only read the store: then the recording serves this node alone.
   const std::string local = localRecordingPath(local_dir, layer.layer.ref);

@@ -1,7 +1,6 @@
 #include "dsec/fs3/SharedLayers.h"
 
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <ctime>
@@ -17,15 +16,18 @@ constexpr size_t kMaxFailuresKept = 64;
 constexpr double kLeaseRenewSeconds = 10;  // well inside kLeaseFreshSeconds
 }  // namespace
 
-Result<std::unique_ptr<SharedLayers>> SharedLayers::open(const SharedLayersOptions& options) {
-  if (options.store_dir.empty()) return Error::invalid("no shared layer store given");
-  std::unique_ptr<SharedLayers> shared(new SharedLayers(options));
-  struct stat st {};
-  if (::stat(shared->store_.dir().c_str(), &st) != 0) return Error::sys(errno, "layer store " + shared->store_.dir());
-  if (!S_ISDIR(st.st_mode)) return Error::invalid("layer store " + shared->store_.dir() + " is not a directory");
-  shared->cache_ = std::make_shared<ChunkCache>(
-      options.cache_dir, options.cache_bytes,
-      std::make_shared<StoreChunkSource>(shared->store_.dir(), options.store_retry_seconds));
+Result<std::unique_ptr<SharedLayers>> SharedLayers::open(const SharedLayersOptions& options,
+                                                         std::shared_ptr<SharedStore> store) {
+  if (store == nullptr) {
+    if (options.store_dir.empty()) return Error::invalid("no shared layer store given");
+    struct stat st {};
+    auto dir = std::make_shared<DirectoryStore>(options.store_dir, options.store_retry_seconds);
+    if (::stat(dir->location().c_str(), &st) != 0) return Error::sys(errno, "layer store " + dir->location());
+    if (!S_ISDIR(st.st_mode)) return Error::invalid("layer store " + dir->location() + " is not a directory");
+    store = std::move(dir);
+  }
+  std::unique_ptr<SharedLayers> shared(new SharedLayers(options, store));
+  shared->cache_ = std::make_shared<ChunkCache>(options.cache_dir, options.cache_bytes, store);
   DSEC_TRY(shared->cache_->init());
   SharedLayers* raw = shared.get();
   shared->cache_->onFailure([raw](const std::string& chunk, const std::string& what) {
@@ -62,16 +64,22 @@ SharedLayers::~SharedLayers() {
   if (recorder_.joinable()) recorder_.join();
   for (auto& t : prefetchers_) t.join();
   if (fs_) recordSettled(true);
-  removeLease(store_);
+  store_->dropLease();
 }
 
 void SharedLayers::renewLease(const std::set<LayerRef>& in_use) {
   if (in_use.empty()) return;
   // A node that may only read the store leaves no lease: `dsec layer gc` cannot see its layers (docs/layer-store.md).
-  if (Status st = writeLease(store_, in_use); !st.ok() && !lease_warned_) {
+  if (Status st = store_->renewLease(in_use); !st.ok() && !lease_warned_) {
     lease_warned_ = true;
-    DSEC_LOG(kWarn, "fs3") << "no lease in the shared store (" << st.error().message()
-                           << "): gc there cannot see the layers this node uses";
+    // A store that keeps no leases (over HTTP) is as documented; one that refuses this node's write is worth a warning.
+    const std::string what =
+        "no lease in the shared store (" + st.error().message() + "): gc there cannot see the layers this node uses";
+    if (st.error().code() == ErrorCode::kUnsupported) {
+      DSEC_LOG(kInfo, "fs3") << what;
+    } else {
+      DSEC_LOG(kWarn, "fs3") << what;
+    }
   }
 }
 
@@ -80,11 +88,11 @@ bool SharedLayers::has(const LayerRef& ref) {
     std::lock_guard lock(mu_);
     if (attached_.count(ref) != 0) return true;
   }
-  return validateLayerRef(ref).ok() && ::access(store_.manifestPath(ref).c_str(), F_OK) == 0;
+  return store_->has(ref);
 }
 
 Result<std::string> SharedLayers::fileFor(const LayerRef& ref) {
-  DSEC_ASSIGN_OR_RETURN(StoredLayer layer, store_.get(ref));
+  DSEC_ASSIGN_OR_RETURN(StoredLayer layer, store_->manifest(ref));
   DSEC_ASSIGN_OR_RETURN(std::string file, fs_->attach(layer));
   std::unique_lock lock(mu_);
   if (!attached_.insert(ref).second) return file;
@@ -95,7 +103,7 @@ Result<std::string> SharedLayers::fileFor(const LayerRef& ref) {
     lock.lock();
   }
   // The first mount of the layer on this node: prefetch what a recording names, else record this start.
-  if (auto chunks = readRecording(store_, options_.cache_dir, layer)) {
+  if (auto chunks = readRecording(*store_, options_.cache_dir, layer)) {
     startPrefetch(layer, std::move(*chunks));
   } else {
     recording_[ref] = Recording{layer, 0, monotonicSeconds()};
@@ -138,7 +146,7 @@ void SharedLayers::recordSettled(bool force) {
     }
   }
   for (const auto& r : ready) {
-    auto written = writeRecording(store_, options_.cache_dir, r.layer, fs_->touchedChunks(r.layer.layer.ref));
+    auto written = writeRecording(*store_, options_.cache_dir, r.layer, fs_->touchedChunks(r.layer.layer.ref));
     if (!written.ok()) {
       DSEC_LOG(kWarn, "fs3") << "prefetch recording of " << r.layer.layer.ref.toString() << ": "
                              << written.error().message();

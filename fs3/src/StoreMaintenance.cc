@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <ctime>
 #include <nlohmann/json.hpp>
 
@@ -19,8 +20,12 @@ std::string hostName() {
 }
 
 std::string leasesDir(const ChunkStore& store) { return store.dir() + "/leases"; }
-std::string ownLease(const ChunkStore& store) {
-  return leasesDir(store) + "/" + hostName() + "." + std::to_string(::getpid()) + ".json";
+std::string ownLease(const ChunkStore& store) { return leasesDir(store) + "/" + ownLeaseName() + ".json"; }
+
+Status validateLeaseName(const std::string& name) {
+  bool ok = !name.empty() && name.size() <= 200 && name[0] != '.';
+  for (char c : name) ok = ok && (std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-');
+  return ok ? okStatus() : Error::invalid("not a lease name: '" + name.substr(0, 64) + "'");
 }
 
 double ageSeconds(const struct stat& st) {
@@ -29,12 +34,28 @@ double ageSeconds(const struct stat& st) {
 
 }  // namespace
 
-Status writeLease(const ChunkStore& store, const std::set<LayerRef>& layers) {
+std::string ownLeaseName() { return hostName() + "." + std::to_string(::getpid()); }
+
+Status writeLeaseAs(const ChunkStore& store, const std::string& name, const std::string& host,
+                    const std::set<LayerRef>& layers) {
+  DSEC_TRY(validateLeaseName(name));
   nlohmann::json names = nlohmann::json::array();
   for (const auto& l : layers) names.push_back(l.toString());
   DSEC_TRY(makeDirs(leasesDir(store)));
-  nlohmann::json j{{"host", hostName()}, {"pid", ::getpid()}, {"layers", names}};
-  return writeFileAtomic(ownLease(store), j.dump() + "\n", 0644);
+  nlohmann::json j{{"host", host}, {"layers", names}};
+  return writeFileAtomic(leasesDir(store) + "/" + name + ".json", j.dump() + "\n", 0644);
+}
+
+Status removeLeaseAs(const ChunkStore& store, const std::string& name) {
+  DSEC_TRY(validateLeaseName(name));
+  if (::unlink((leasesDir(store) + "/" + name + ".json").c_str()) != 0 && errno != ENOENT) {
+    return Error::sys(errno, "removing lease " + name);
+  }
+  return okStatus();
+}
+
+Status writeLease(const ChunkStore& store, const std::set<LayerRef>& layers) {
+  return writeLeaseAs(store, ownLeaseName(), hostName(), layers);
 }
 
 void removeLease(const ChunkStore& store) { ::unlink(ownLease(store).c_str()); }

@@ -1,8 +1,10 @@
 // `dsec doctor` on this host, and a small `dsec bench create`/`density` run through an embedded node.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
+#include "BusyboxRootfs.h"
 #include "CliRunner.h"
 #include "dsec/common/Process.h"
 #include "dsec/common/Strings.h"
@@ -134,6 +136,37 @@ TEST(CliBench, ForkContainerComparesForkWithCopies) {
   EXPECT_EQ(summary["copy_workspace_bytes"], 4 << 20);  // a copy holds the source's whole workspace
   EXPECT_GT(summary["fork_ms"].get<double>(), 0);
   EXPECT_GT(summary["cp_ms"].get<double>(), 0);
+}
+
+// The plumbing of `dsec bench image-start` (a network namespace, shaped veth, `dsec layer serve` in it, nodes reading
+// on demand, prefetch, a pull): every case runs and is reported. Timings are not checked.
+TEST(CliBench, ImageStartRunsEveryCaseOverTheShapedLink) {
+  DSEC_SKIP_UNLESS_ROOT();
+  if (findProgram("mkfs.erofs").empty()) GTEST_SKIP() << "mkfs.erofs missing (erofs-utils)";
+  if (findProgram("tc").empty() || findProgram("ip").empty()) GTEST_SKIP() << "ip/tc missing (iproute2)";
+  if (::access("/dev/fuse", R_OK | W_OK) != 0) GTEST_SKIP() << "no /dev/fuse (FUSE is not available)";
+  TempDir root;
+  ASSERT_OK(cli::writeBusyboxRootfs(root.path() + "/rootfs"));
+  ASSERT_OK(writeFile(root.path() + "/rootfs/big.bin", std::string(3 << 20, 'b')));
+  auto built =
+      runDsec({"layer", "build", "small:1", "--from-dir", root.path() + "/rootfs", "--root", root.path()}, {}, 120);
+  ASSERT_EQ(built.exit_code, 0) << built.out << built.err;
+  auto r = runDsec({"bench", "image-start", "--image", "small:1", "--root", root.path(), "--work",
+                    root.path() + "/work", "--rounds", "1", "--min-image-mb", "0", "--command", "cat /etc/passwd"},
+                   {}, 120);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("round 1: cold "), std::string::npos) << r.out;
+  auto summary = lastJsonLine(r.out);
+  ASSERT_TRUE(summary.is_object()) << r.out;
+  const double fraction = summary["bytes_read_fraction"].get<double>();
+  EXPECT_GT(fraction, 0);
+  EXPECT_LT(fraction, 0.9);  // big.bin was never read
+  for (const char* key :
+       {"cold_start_ms", "eager_copy_ms", "warm_start_ms", "prefetched_start_ms", "prolog_prefetched_start_ms"}) {
+    EXPECT_GT(summary[key].get<double>(), 0) << key;
+  }
+  EXPECT_GT(summary["recorded_chunks"].get<int>(), 0);
+  EXPECT_NE(::system("ip netns list | grep -q dsec-bench-store"), 0) << "the bench left its network namespace";
 }
 
 TEST(CliBench, PlacementSmallCellPlacesEverySandbox) {

@@ -77,6 +77,7 @@ class SharedLayersTest : public ::testing::Test {
   TempDir tmp_;
   LayerStore local_{tmp_.path() + "/local"};
   ChunkStore store_{tmp_.path() + "/store"};
+  DirectoryStore shared_store_{tmp_.path() + "/store"};
   LayerRef ref_{"sample", "1"};
   std::vector<std::string> mounts_;
 };
@@ -103,7 +104,7 @@ TEST_F(SharedLayersTest, TheFirstStartIsRecordedAndALaterNodePrefetchesItBeforeI
   EXPECT_TRUE(liveLeases(store_)->empty());  // gone with the node
   auto stored = store_.get(ref_);
   ASSERT_OK(stored);
-  auto recorded = readRecording(store_, "", *stored);
+  auto recorded = readRecording(shared_store_, "", *stored);
   ASSERT_TRUE(recorded.has_value());
   EXPECT_EQ(*recorded, touched);
   EXPECT_LT(recorded->size(), stored->chunks.size() / 2);  // big.bin was not read
@@ -143,23 +144,23 @@ TEST_F(SharedLayersTest, ANodeThatCannotWriteTheStoreKeepsItsRecordingToItself) 
   }
   auto stored = store_.get(ref_);
   ASSERT_OK(stored);
-  EXPECT_FALSE(readRecording(store_, "", *stored).has_value());  // not in the store
-  EXPECT_TRUE(readRecording(store_, tmp_.path() + "/reader/chunk-cache", *stored).has_value());
+  EXPECT_FALSE(readRecording(shared_store_, "", *stored).has_value());  // not in the store
+  EXPECT_TRUE(readRecording(shared_store_, tmp_.path() + "/reader/chunk-cache", *stored).has_value());
 }
 
 TEST_F(SharedLayersTest, ARecordingOfOtherBytesOrDamagedIsNotUsed) {
   auto stored = store_.get(ref_);
   ASSERT_OK(stored);
-  ASSERT_OK(writeRecording(store_, "", *stored, {0, 1}));
-  ASSERT_TRUE(readRecording(store_, "", *stored).has_value());
+  ASSERT_OK(writeRecording(shared_store_, "", *stored, {0, 1}));
+  ASSERT_TRUE(readRecording(shared_store_, "", *stored).has_value());
   std::string path = storeRecordingPath(store_, ref_);
   std::string text = *readFile(path);
   ASSERT_OK(writeFile(path, text.replace(text.find("[0,1]"), 5, "[0,2]")));
-  EXPECT_FALSE(readRecording(store_, "", *stored).has_value());  // checksum
+  EXPECT_FALSE(readRecording(shared_store_, "", *stored).has_value());  // checksum
   StoredLayer other = *stored;
   other.layer.sha256 = std::string(64, 'b');
-  ASSERT_OK(writeRecording(store_, "", other, {0}));
-  EXPECT_FALSE(readRecording(store_, "", *stored).has_value());  // recorded for other bytes
+  ASSERT_OK(writeRecording(shared_store_, "", other, {0}));
+  EXPECT_FALSE(readRecording(shared_store_, "", *stored).has_value());  // recorded for other bytes
 }
 
 }  // namespace

@@ -29,6 +29,8 @@ inline std::vector<FlagCase> everyNodeFlag(bool with_serve_only) {
        [](const ServeOptions& o) { return o.node.snapshot_retention_seconds == 3600; }},
       {{"--simulate"}, [](const ServeOptions& o) { return o.node.simulate; }},
       {{"--store", "/tmp"}, [](const ServeOptions& o) { return o.node.store_dir == "/tmp"; }},
+      {{"--store", "http://10.0.0.9:8480"},
+       [](const ServeOptions& o) { return o.node.store_dir == "http://10.0.0.9:8480"; }},
       {{"--chunk-cache", "1G"}, [](const ServeOptions& o) { return o.node.chunk_cache_bytes == (1ll << 30); }},
       {{"--fncall-image", "alpine:3"}, [](const ServeOptions& o) { return o.node.fncall.image == "alpine:3"; }},
       {{"--fncall-workers", "3"}, [](const ServeOptions& o) { return o.node.fncall.max_workers == 3; }},

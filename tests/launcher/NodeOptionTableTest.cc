@@ -119,6 +119,7 @@ TEST(NodeOptionsTable, BadValuesAreRefusedNamingTheFlag) {
       "--density-interval=-1",
       "--cgroup-parent=../escape",
       "--store=/nonexistent/dsec-store",  // the shared store must be a directory the node reads
+      "--store=http://",                  // a chunk server's URL needs a host and port
       "--chunk-cache=lots",
       "--listen=8470",
       "--listen=127.0.0.1:70000",

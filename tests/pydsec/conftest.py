@@ -231,6 +231,40 @@ def _wait_healthy(endpoint: str, proc: subprocess.Popen, deadline: float) -> Non
     raise RuntimeError("dsec serve did not become healthy within the deadline")
 
 
+def stop_process(proc: subprocess.Popen, timeout: float = 30) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within timeout."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def start_store_node(binary: str, env: Dict[str, str], base: str, store: str) -> Dict[str, Any]:
+    """A `dsec serve --store STORE` node (a directory or a chunk server's URL) on a free port, root base/node and a
+    64M chunk cache, healthy: {"proc", "endpoint", "token", "root", "client"}. The caller stops proc."""
+    root = os.path.join(base, "node")
+    port = _free_port()
+    log_path = os.path.join(base, "serve.log")
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([binary, "serve", "--listen", f"127.0.0.1:{port}", "--root", root, "--no-fleet-file",
+                                 "--store", store, "--chunk-cache", "64M"], env=env, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    endpoint = f"http://127.0.0.1:{port}"
+    try:
+        _wait_healthy(endpoint, proc, time.monotonic() + 30)
+    except RuntimeError as e:
+        stop_process(proc)
+        with open(log_path, "rb") as f:
+            pytest.fail(f"{e}; log:\n{f.read()[-4000:].decode(errors='replace')}")
+    with open(os.path.join(root, "token")) as f:
+        token = f.read().strip()
+    client = pydsec.Client(endpoint=endpoint, token=token, timeout=120)
+    return {"proc": proc, "endpoint": endpoint, "token": token, "root": root, "client": client}
+
+
 def integration_binary() -> str:
     """The built dsec binary for tests that run `dsec serve`; skips, saying why, without it or without root."""
     binary = os.environ.get("DSEC_BIN")
@@ -301,13 +335,7 @@ def dsec():
                     with contextlib.suppress(Exception):
                         sb.destroy()
                 c.close()
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_process(proc)
         log.close()
         left = _mounts_under(base)
         if left:

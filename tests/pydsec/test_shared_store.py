@@ -7,17 +7,15 @@ import hashlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
-import time
 import urllib.request
 
 import pytest
 
 import pydsec
 
-from conftest import _free_port, _mounts_under, _wait_healthy, integration_binary, make_busybox_rootfs
+from conftest import _mounts_under, integration_binary, make_busybox_rootfs, start_store_node, stop_process
 
 
 def _build(binary, env, root, store, ref, rootfs):
@@ -59,37 +57,16 @@ def shared():
     assert [l["name"] + ":" + l["version"] for l in doc["layers"]] == ["damaged:1", "ondemand:1"]
     assert doc["dedup_ratio"] > 1.05  # busybox is in both layers: its chunks are stored once
 
-    root = os.path.join(base, "node")
-    port = _free_port()
-    log_path = os.path.join(base, "serve.log")
-    log = open(log_path, "wb")
-    proc = subprocess.Popen([binary, "serve", "--listen", f"127.0.0.1:{port}", "--root", root, "--no-fleet-file",
-                             "--store", store, "--chunk-cache", "64M"], env=env, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
-    log.close()
-    endpoint = f"http://127.0.0.1:{port}"
+    node = start_store_node(binary, env, base, store)
+    client, root, endpoint, token = node["client"], node["root"], node["endpoint"], node["token"]
     try:
-        try:
-            _wait_healthy(endpoint, proc, time.monotonic() + 30)
-        except RuntimeError as e:
-            with open(log_path, "rb") as f:
-                pytest.fail(f"{e}; log:\n{f.read()[-4000:].decode(errors='replace')}")
-        with open(os.path.join(root, "token")) as f:
-            token = f.read().strip()
-        client = pydsec.Client(endpoint=endpoint, token=token, timeout=120)
         yield {"client": client, "store": store, "root": root, "layers": layers, "big": big, "endpoint": endpoint,
                "token": token}
         for sb in client.list():
             sb.destroy()
         client.close()
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_process(node["proc"])
         left = _mounts_under(base)
         if left:
             raise AssertionError(f"mounts left under {base}: {left}")

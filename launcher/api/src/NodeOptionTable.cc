@@ -84,7 +84,10 @@ Status checkNode(const NodeOptions& n) {
   if (n.max_sandboxes <= 0) return flagError("max-sandboxes", "must be > 0");
   if (!positive(n.reaper_interval_seconds)) return flagError("reaper-interval", "must be > 0 seconds");
   if (!(n.snapshot_retention_seconds >= 0)) return flagError("snapshot-retention", "must be >= 0 seconds");
-  if (!n.store_dir.empty()) {
+  if (fs3::isHttpStore(n.store_dir)) {
+    if (auto url = parseEndpoint(n.store_dir); !url.ok()) return flagError("store", url.error().message());
+    if (n.chunk_cache_bytes < (16ll << 20)) return flagError("chunk-cache", "must be at least 16M");
+  } else if (!n.store_dir.empty()) {
     struct stat st {};
     if (::stat(n.store_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
       return flagError("store", n.store_dir + ": not a directory this node can read (the cluster's shared store)");
@@ -166,7 +169,8 @@ void NodeOptionTable::addTo(po::options_description& desc) {
       po::value<double>(&n.snapshot_retention_seconds)->default_value(n.snapshot_retention_seconds),
       "seconds after which the reaper deletes a snapshot (0: kept until deleted)");
   add("store", po::value<std::string>(&n.store_dir)->default_value(n.store_dir),
-      "the cluster's shared layer store: layers this node lacks are mounted from it on demand (env DSEC_STORE)");
+      "the cluster's shared layer store, a directory or http://HOST:PORT of `dsec layer serve`: layers this node "
+      "lacks are mounted from it on demand (env DSEC_STORE)");
   add("chunk-cache", po::value<std::string>()->default_value(sizeText(n.chunk_cache_bytes)),
       "with --store: bytes of the node's chunk cache (<root>/chunk-cache)");
   add("cgroup-parent", po::value<std::string>(&n.cgroup_parent)->default_value(n.cgroup_parent),

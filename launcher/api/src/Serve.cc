@@ -15,6 +15,7 @@
 #include "dsec/launcher/api/ApiServer.h"
 #include "dsec/launcher/api/Credentials.h"
 #include "dsec/launcher/api/HttpServer.h"
+#include "dsec/launcher/api/HttpStore.h"
 #include "dsec/launcher/api/RunCodeListener.h"
 #include "dsec/launcher/api/StopSignals.h"
 #include "dsec/launcher/node/Metrics.h"
@@ -48,7 +49,7 @@ class EmbeddedNodeImpl : public EmbeddedNode {
 
   Status init() {
     installSigpipeHandler();
-    const NodeOptions& node = options_.node;
+    NodeOptions node = options_.node;
     DSEC_TRY(validateNodeName(node.node_name));
     if (options_.write_fleet_file) DSEC_TRY(validateFleetName(node.fleet_name));
     if (node.root.empty()) return Error::invalid("the node's root is empty");
@@ -59,6 +60,9 @@ class EmbeddedNodeImpl : public EmbeddedNode {
     }
     if (auto st = makeDirs(node.root, 0755); !st.ok()) return st.error().wrap("creating root " + node.root);
     DSEC_ASSIGN_OR_RETURN(token_, loadOrCreateToken(node.root));
+    if (fs3::isHttpStore(node.store_dir) && node.shared_store == nullptr) {
+      DSEC_ASSIGN_OR_RETURN(node.shared_store, openSharedStore(node.store_dir));  // the core speaks no HTTP
+    }
     DSEC_ASSIGN_OR_RETURN(agent_, NodeAgent::start(node, &metrics_));
     metrics_.setGaugeRenderer([agent = agent_.get()](std::string* out) { agent->renderGauges(out); });
     ApiServerOptions api_options;

@@ -11,9 +11,10 @@ LayerImageSource::~LayerImageSource() {
   shared_.reset();
 }
 
-Status LayerImageSource::useSharedStore(const fs3::SharedLayersOptions& options) {
+Status LayerImageSource::useSharedStore(const fs3::SharedLayersOptions& options,
+                                        std::shared_ptr<fs3::SharedStore> store) {
   shared_options_ = options;
-  auto shared = fs3::SharedLayers::open(options);
+  auto shared = fs3::SharedLayers::open(options, std::move(store));
   if (!shared.ok()) {
     shared_error_ = shared.error().message();
     DSEC_LOG(kError, "fs3") << "shared layer store " << options.store_dir << " unusable: " << shared_error_;

@@ -75,7 +75,8 @@ NodeParts makeNodeParts(const NodeOptions& options) {
     shared.cache_dir = options.root + "/chunk-cache";
     shared.cache_bytes = options.chunk_cache_bytes;
     shared.mountpoint = options.root + "/lazy";
-    (void)images->useSharedStore(shared);  // a failure is logged and shown in GET /v1/node "layer_store"
+    (void)images->useSharedStore(shared,
+                                 options.shared_store);  // a failure is logged and shown in GET /v1/node "layer_store"
   }
   parts.images = std::move(images);
   parts.state = std::make_unique<FileStateStore>(options.root + "/state/sandboxes");

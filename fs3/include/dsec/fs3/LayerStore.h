@@ -65,6 +65,10 @@ class LayerStore {
   // published like a build (atomically; kAlreadyExists if the layer exists). image is only read.
   Result<LayerManifest> importImage(const LayerRef& ref, const std::string& image, const std::string& built_on,
                                     const std::string& source);
+  // NAME:VERSION (m.ref) with manifest m, its image written by write_image into an empty file (sized m.size)
+  // of a private staging dir, then published atomically. The writer vouches for m.sha256: it checked what it
+  // wrote (a pull checks every chunk against its hash). kAlreadyExists if the layer exists.
+  Result<LayerManifest> installImage(const LayerManifest& m, const std::function<Status(int fd)>& write_image);
   // The tree a build will capture, and an empty private scratch directory next to it (removed afterwards).
   using PrepareTree = std::function<Status(const std::string& tree, const std::string& scratch_dir)>;
   // As buildFromDir, but from a copy of dir (cp -a: ownership, modes, times, xattrs, hard links, special files)

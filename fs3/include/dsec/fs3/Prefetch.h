@@ -12,20 +12,25 @@
 #include "dsec/common/Result.h"
 #include "dsec/fs3/ChunkCache.h"
 #include "dsec/fs3/ChunkStore.h"
+#include "dsec/fs3/SharedStore.h"
 
 namespace dsec::fs3 {
 
-// <store>/layers/NAME/VERSION/prefetch.json, and the node's fallback <local_dir>/<name>@<version>.json.
+// <store>/layers/NAME/VERSION/prefetch.json (a directory store), and the node's fallback
+// <local_dir>/<name>@<version>.erofs.prefetch.json.
 std::string storeRecordingPath(const ChunkStore& store, const LayerRef& ref);
 std::string localRecordingPath(const std::string& local_dir, const LayerRef& ref);
 
 // The layer's recording: the store's, else the node's own; nullopt when there is none. A recording that does not
 // belong to this layer's bytes (another sha256), or fails its checksum or shape, counts as none (and is logged).
-std::optional<std::vector<size_t>> readRecording(const ChunkStore& store, const std::string& local_dir,
+std::optional<std::vector<size_t>> readRecording(SharedStore& store, const std::string& local_dir,
                                                  const StoredLayer& layer);
+// A recording's text checked against the layer (its checksum, format, layer sha256, chunk indices): its chunks, or
+// kInvalidArgument saying what is wrong. What a chunk server checks before it stores a node's recording.
+Result<std::vector<size_t>> parseRecording(const std::string& text, const StoredLayer& layer);
 
-// Writes the recording into the store, or into local_dir when the store refuses the write. Returns the path.
-Result<std::string> writeRecording(const ChunkStore& store, const std::string& local_dir, const StoredLayer& layer,
+// Writes the recording into the store, or into local_dir when the store refuses the write. Returns where it went.
+Result<std::string> writeRecording(SharedStore& store, const std::string& local_dir, const StoredLayer& layer,
                                    const std::vector<size_t>& chunks);
 
 struct PrefetchResult {

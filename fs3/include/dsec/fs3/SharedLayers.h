@@ -17,11 +17,12 @@
 #include "dsec/fs3/ChunkCache.h"
 #include "dsec/fs3/ChunkStore.h"
 #include "dsec/fs3/LazyLayerFs.h"
+#include "dsec/fs3/SharedStore.h"
 
 namespace dsec::fs3 {
 
 struct SharedLayersOptions {
-  std::string store_dir;  // the shared store (--store)
+  std::string store_dir;  // the shared store (--store) when it is a directory and no SharedStore is given
   std::string cache_dir;  // the node's chunk cache, e.g. <root>/chunk-cache
   int64_t cache_bytes = 8ll << 30;
   std::string mountpoint;  // the FUSE files, e.g. <root>/lazy
@@ -50,10 +51,12 @@ struct ChunkFailure {
 class SharedLayers {
  public:
   ~SharedLayers();  // stops the recorder and prefetches (a recording in progress is written first)
-  // Checks the store is a directory, prepares the cache and mounts the FUSE file system.
-  static Result<std::unique_ptr<SharedLayers>> open(const SharedLayersOptions& options);
+  // Prepares the cache and mounts the FUSE file system over `store`; without one, over the directory store_dir
+  // (checked to be a directory).
+  static Result<std::unique_ptr<SharedLayers>> open(const SharedLayersOptions& options,
+                                                    std::shared_ptr<SharedStore> store = nullptr);
 
-  const ChunkStore& store() const { return store_; }
+  SharedStore& store() { return *store_; }
   // Whether the store names the layer: attached here already, or its manifest is there (checked when it is
   // mounted, not here: this runs before every create).
   bool has(const LayerRef& ref);
@@ -73,7 +76,8 @@ class SharedLayers {
     size_t last_count = 0;
     double last_change = 0;
   };
-  explicit SharedLayers(const SharedLayersOptions& options) : options_(options), store_(options.store_dir) {}
+  SharedLayers(const SharedLayersOptions& options, std::shared_ptr<SharedStore> store)
+      : options_(options), store_(std::move(store)) {}
   void startPrefetch(const StoredLayer& layer, std::vector<size_t> chunks);
   void renewLease(const std::set<LayerRef>& in_use);  // the store's lease naming the layers this node uses
 
@@ -87,7 +91,7 @@ class SharedLayers {
   std::condition_variable wake_;
   std::atomic<bool> stopping_{false};
   std::atomic<bool> lease_warned_{false};
-  ChunkStore store_;
+  std::shared_ptr<SharedStore> store_;
   std::shared_ptr<ChunkCache> cache_;
   std::unique_ptr<LazyLayerFs> fs_;
   std::thread recorder_;

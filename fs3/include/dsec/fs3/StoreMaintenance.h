@@ -21,6 +21,14 @@ inline constexpr double kLeaseFreshSeconds = 60;
 Status writeLease(const ChunkStore& store, const std::set<LayerRef>& layers);
 void removeLease(const ChunkStore& store);
 
+// This process's lease name, "<host>.<pid>".
+std::string ownLeaseName();
+// The lease `name` (1-200 of [A-Za-z0-9._-], not starting with '.') of host, naming layers: what a chunk server
+// writes for a node that reaches the store over HTTP. kInvalidArgument for a bad name.
+Status writeLeaseAs(const ChunkStore& store, const std::string& name, const std::string& host,
+                    const std::set<LayerRef>& layers);
+Status removeLeaseAs(const ChunkStore& store, const std::string& name);
+
 struct LiveLease {
   std::string file;
   std::string host;

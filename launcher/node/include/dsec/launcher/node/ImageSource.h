@@ -58,8 +58,9 @@ class LayerImageSource : public ImageSource {
   explicit LayerImageSource(const std::string& root) : store_(root), mounter_(&store_) {}
   ~LayerImageSource() override;
   // Layers the node's store lacks come from the cluster's shared store, read on demand. A failure (no FUSE, the
-  // store unreadable) is returned and stays visible in sharedStore().error.
-  Status useSharedStore(const fs3::SharedLayersOptions& options);
+  // store unreadable) is returned and stays visible in sharedStore().error. store: how the node reaches it (null:
+  // the directory options.store_dir).
+  Status useSharedStore(const fs3::SharedLayersOptions& options, std::shared_ptr<fs3::SharedStore> store = nullptr);
   Status check(const std::vector<fs3::LayerRef>& layers) override;
   Result<std::unique_ptr<fs3::ImageMount>> acquire(const std::vector<fs3::LayerRef>& layers) override {
     return mounter_.acquire(layers);

@@ -28,6 +28,7 @@
 #include "dsec/common/ProcessLimits.h"
 #include "dsec/common/Result.h"
 #include "dsec/fs3/LayerMounter.h"
+#include "dsec/fs3/SharedStore.h"
 #include "dsec/launcher/node/CreateParams.h"
 #include "dsec/launcher/node/DensityLoop.h"
 #include "dsec/launcher/node/Infos.h"
@@ -93,7 +94,10 @@ struct NodeOptions {
   double snapshot_retention_seconds = 0;
   // The cluster's shared layer store (docs/layer-store.md): layers this node's store lacks are mounted from it on
   // demand, through a chunk cache of chunk_cache_bytes in <root>/chunk-cache. "" : none.
+  // "http://HOST:PORT" names a chunk server (`dsec layer serve`). The edge that starts the node opens it as
+  // shared_store (the node core speaks no HTTP); when that is null, makeNodeParts opens store_dir as a directory.
   std::string store_dir;
+  std::shared_ptr<fs3::SharedStore> shared_store;
   int64_t chunk_cache_bytes = 8ll << 30;
 };
 
