@@ -179,6 +179,11 @@ class Sandbox:
         self.cached_info = await self._t().call("POST", self._path + "/resume")
         return self.cached_info
 
+    async def set_timeout(self, seconds: Union[int, float]) -> Dict[str, Any]:
+        payload = {"timeout": v.number("timeout", seconds)}
+        self.cached_info = await self._t().call("PUT", self._path + "/timeout", payload=payload)
+        return self.cached_info
+
     async def set_network(self, egress: List[str]) -> Dict[str, Any]:
         payload = {"egress": v.egress_list(egress)}
         self.cached_info = await self._t().call("PUT", self._path + "/network", payload=payload)

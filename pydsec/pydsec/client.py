@@ -227,6 +227,13 @@ class Sandbox:
         self.cached_info = self._t().call("POST", self._path + "/resume")
         return self.cached_info
 
+    def set_timeout(self, seconds: Union[int, float]) -> Dict[str, Any]:
+        """The sandbox ends ``seconds`` from now (0: never by timeout); its info's ``timeout`` becomes its age
+        plus that."""
+        payload = {"timeout": v.number("timeout", seconds)}
+        self.cached_info = self._t().call("PUT", self._path + "/timeout", payload=payload)
+        return self.cached_info
+
     # -- stages ---------------------------------------------------------------------------------------------
     def set_network(self, egress: List[str]) -> Dict[str, Any]:
         """Replace the egress policy at once (e.g. ``[]`` before the agent's turn). Connections the new policy

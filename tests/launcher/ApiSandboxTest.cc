@@ -280,6 +280,33 @@ TEST_F(ApiTest, IdleAndAbsoluteTimeoutsReap) {
   EXPECT_NE(client_->get("/metrics").body.find("dsec_sandbox_reaped_total"), std::string::npos);
 }
 
+// PUT .../timeout: the sandbox ends that long from now (E2B's setTimeout; extending an agent's sandbox).
+TEST_F(ApiTest, ATimeoutSetWhileTheSandboxRunsIsCountedFromNow) {
+  startNode();
+  SKIP_WITHOUT_BACKEND();
+  std::string kept = createSandbox({{"timeout", 1}});
+  std::string ended = createSandbox({{"timeout", 3600}});
+  ASSERT_FALSE(kept.empty() || ended.empty());
+  auto extended = client_->putJson(sandboxPath(kept) + "/timeout", {{"timeout", 3600}});
+  ASSERT_EQ(extended.status, 200) << extended.body;
+  EXPECT_GT(extended.json()["timeout"].get<double>(), 3600);  // its age plus an hour
+  auto shortened = client_->putJson(sandboxPath(ended) + "/timeout", {{"timeout", 0.5}});
+  ASSERT_EQ(shortened.status, 200) << shortened.body;
+  const double deadline = monotonicSeconds() + 10;
+  while (client_->get(sandboxPath(ended)).status == 200 && monotonicSeconds() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_EQ(client_->get(sandboxPath(ended)).status, 404) << "a shortened timeout did not end the sandbox";
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // past its first timeout of 1 s
+  EXPECT_EQ(client_->get(sandboxPath(kept)).status, 200) << "an extended sandbox was reaped at its old timeout";
+  auto none = client_->putJson(sandboxPath(kept) + "/timeout", {{"timeout", 0}});
+  ASSERT_EQ(none.status, 200);
+  EXPECT_EQ(none.json()["timeout"].get<double>(), 0);
+  EXPECT_EQ(client_->putJson(sandboxPath(kept) + "/timeout", {{"timeout", -1}}).status, 400);
+  EXPECT_EQ(client_->putJson(sandboxPath(kept) + "/timeout", {{"seconds", 5}}).status, 400);
+  EXPECT_EQ(client_->putJson("/v1/sandboxes/n0-0000000000000000/timeout", {{"timeout", 5}}).status, 404);
+}
+
 TEST_F(ApiTest, CapacityGives429WithRetryAfter) {
   auto o = options();
   o.node.max_sandboxes = 1;

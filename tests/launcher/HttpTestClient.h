@@ -39,6 +39,9 @@ class HttpTestClient {
   HttpReply postJson(const std::string& target, const nlohmann::json& body) {
     return request(boost::beast::http::verb::post, target, body.dump(), {{"Content-Type", "application/json"}});
   }
+  HttpReply putJson(const std::string& target, const nlohmann::json& body) {
+    return request(boost::beast::http::verb::put, target, body.dump(), {{"Content-Type", "application/json"}});
+  }
   // PUT with a body produced in pieces by `next` (an empty piece ends it) and a known total size.
   HttpReply putStreamed(const std::string& target, uint64_t size,
                         const std::function<std::string(uint64_t offset)>& next);

@@ -67,6 +67,14 @@ def test_state_survives_between_execs(sb):
     assert "sleep 300" in sb.exec("ps").stdout
 
 
+def test_set_timeout_counts_from_now_and_zero_means_none(sb):
+    info = sb.set_timeout(600)
+    assert 600 <= info["timeout"] < 600 + 120  # its age (seconds) plus 600
+    assert sb.set_timeout(0)["timeout"] == 0
+    with pytest.raises(pydsec.InvalidRequestError):
+        sb.set_timeout(-1)
+
+
 def test_exec_timeout(sb):
     t0 = time.monotonic()
     r = sb.exec("echo started; sleep 30", timeout=1)

@@ -34,6 +34,7 @@ def test_aio_flow(dsec, tmp_path):
                 assert not await sb.exists("/work/f.txt")
                 assert (await sb.pause())["state"] == "paused"
                 assert (await sb.resume())["state"] == "running"
+                assert (await sb.set_timeout(600))["timeout"] >= 600
                 got = []
                 t0 = time.monotonic()
                 first = None

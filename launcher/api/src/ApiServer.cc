@@ -136,6 +136,19 @@ void ApiServer::dispatchSandbox(HttpExchange& ex, const RouteMatch& m) {
     case Op::kSetProtect:
     case Op::kViolations:
       return sandboxPolicy(ex, m);
+    case Op::kSetTimeout: {
+      auto body = readJsonBody(ex, kJsonBodyLimit);
+      if (!body) return;
+      if (!body->is_object() || !body->contains("timeout") || body->size() != 1) {
+        return sendError(ex, Error::invalid("the body is {\"timeout\": SECONDS from now (0: none)}"));
+      }
+      auto seconds = parseDurationField((*body)["timeout"], "timeout");
+      if (!seconds.ok()) return sendError(ex, seconds.error());
+      auto info = agent_->setTimeout(id, *seconds);
+      if (!info.ok()) return sendError(ex, info.error());
+      ex.sendJson(200, toJson(*info));
+      return;
+    }
     case Op::kExec:
       return exec(ex, id, false);
     case Op::kExecStream:

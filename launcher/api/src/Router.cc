@@ -167,6 +167,7 @@ const RouteTable& nodeRoutes() {
         .add("/v1/sandboxes/*/resume", {{V::post, op(Op::kResume)}})
         .add("/v1/sandboxes/*/network", {{V::put, op(Op::kSetNetwork)}})
         .add("/v1/sandboxes/*/protect", {{V::put, op(Op::kSetProtect)}})
+        .add("/v1/sandboxes/*/timeout", {{V::put, op(Op::kSetTimeout)}})
         .add("/v1/sandboxes/*/violations", {{V::get, op(Op::kViolations)}})
         .add("/v1/sandboxes/*/exec", {{V::post, op(Op::kExec)}})
         .add("/v1/sandboxes/*/exec/stream", {{V::post, op(Op::kExecStream)}})
@@ -233,6 +234,7 @@ BodyKind bodyKind(Op op) {
     case Op::kCreateSandbox:
     case Op::kSetNetwork:
     case Op::kSetProtect:
+    case Op::kSetTimeout:
     case Op::kExec:
     case Op::kExecStream:
     case Op::kPutSession:
@@ -277,6 +279,8 @@ const char* opName(Op op) {
       return "set-network";
     case Op::kSetProtect:
       return "set-protect";
+    case Op::kSetTimeout:
+      return "set-timeout";
     case Op::kViolations:
       return "violations";
     case Op::kExec:

@@ -362,6 +362,7 @@ Result<SandboxInfo> NodeAgent::create(const CreateParams& requested) {
   auto rec = std::make_shared<SandboxRecord>();
   rec->id = options_.node_name + "-" + randomHex(16);
   rec->params = params;
+  rec->timeout = params.timeout;
   rec->created_unix = wallSeconds();
   rec->touch();
   // Dedicated cores (latency) or the shared pool (batch); given back if the create fails (CpuAllocator.h).
@@ -481,6 +482,18 @@ Result<SandboxInfo> NodeAgent::pause(const std::string& id) {
   return infoLocked(*rec);
 }
 
+Result<SandboxInfo> NodeAgent::setTimeout(const std::string& id, double seconds) {
+  if (!(seconds >= 0)) return Error::invalid("timeout must be >= 0 seconds");
+  auto rec = find(id);
+  if (!rec) return Error::notFound("no sandbox " + id);
+  std::lock_guard lock(rec->mu);
+  if (rec->destroyed) return Error::notFound("no sandbox " + id);
+  rec->params.timeout = seconds == 0 ? 0 : std::max(wallSeconds() - rec->created_unix, 0.0) + seconds;
+  rec->timeout = rec->params.timeout;
+  if (auto st = persist(*rec); !st.ok()) DSEC_LOG(kWarn, kLog) << "persisting " << id << ": " << st.error().toString();
+  return infoLocked(*rec);
+}
+
 Result<SandboxInfo> NodeAgent::resume(const std::string& id) {
   auto rec = find(id);
   if (!rec) return Error::notFound("no sandbox " + id);
@@ -560,9 +573,11 @@ void NodeAgent::reapExpired() {
   }
   const double now_wall = wallSeconds(), now_mono = monotonicSeconds();
   for (const auto& rec : recs) {
-    // Most records are far from both limits: skip them without their lock (params and creation never change).
+    // Most records are far from both limits: skip them without their lock (the idle timeout and creation never
+    // change; the timeout is read from its atomic copy).
     const CreateParams& p = rec->params;
-    bool maybe_timed_out = p.timeout > 0 && now_wall - rec->created_unix >= p.timeout;
+    const double timeout = rec->timeout.load();
+    bool maybe_timed_out = timeout > 0 && now_wall - rec->created_unix >= timeout;
     bool maybe_idle = p.idle_timeout > 0 && now_mono - rec->last_active_mono.load() >= p.idle_timeout;
     if (!maybe_timed_out && !maybe_idle) continue;
     // Decided under the record's lock, where use() takes it: a use that resumes the sandbox and marks it active

@@ -79,6 +79,7 @@ bool NodeAgent::adoptOne(StoredState& entry) {
   auto rec = std::make_shared<SandboxRecord>();
   rec->id = id;
   rec->params = std::move(record.params);
+  rec->timeout = rec->params.timeout;
   rec->created_unix = record.created_unix > 0 ? record.created_unix : wallSeconds();
   rec->touch();
   rec->mount = std::move(mount);

@@ -131,7 +131,7 @@ Result<ForkResult> NodeAgent::fork(const std::string& id, int count, bool proces
   auto rec = find(id);
   if (!rec) return Error::notFound("no sandbox " + id);
   RestoreOptions copies;
-  copies.timeout = rec->params.timeout;
+  copies.timeout = rec->timeout.load();
   copies.idle_timeout = rec->params.idle_timeout;
   copies.labels = rec->params.labels;
   copies.session = rec->params.session;

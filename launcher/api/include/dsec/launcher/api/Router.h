@@ -27,6 +27,7 @@ enum class Op {
   kResume,
   kSetNetwork,  // PUT /v1/sandboxes/{id}/network
   kSetProtect,  // PUT /v1/sandboxes/{id}/protect
+  kSetTimeout,  // PUT /v1/sandboxes/{id}/timeout
   kViolations,  // GET /v1/sandboxes/{id}/violations
   kExec,
   kExecStream,

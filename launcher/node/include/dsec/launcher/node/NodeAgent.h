@@ -119,6 +119,8 @@ struct SandboxRecord {
   std::atomic<double> last_active_unix{0};
   std::atomic<double> last_active_mono{0};
   std::atomic<int> active{0};  // execs and file operations in flight
+  // params.timeout, for the reaper's look without the lock (setTimeout changes both under mu).
+  std::atomic<double> timeout{0};
 
   std::mutex mu;  // serialises pause/resume/destroy and the transparent resume
   bool destroyed = false;
@@ -170,6 +172,8 @@ class NodeAgent : private DensityHost {
   // its processes were refused.
   Result<SandboxInfo> setEgress(const std::string& id, const backends::EgressPolicy& policy);
   Result<SandboxInfo> setProtectedPaths(const std::string& id, const std::vector<std::string>& paths);
+  // The sandbox ends `seconds` from now (0: no timeout): its timeout becomes its age plus that.
+  Result<SandboxInfo> setTimeout(const std::string& id, double seconds);
   Result<std::vector<backends::Violation>> violations(const std::string& id);
   // For exec and file operations: resumes a paused sandbox and counts as activity until the lease ends.
   Result<SandboxLease> use(const std::string& id);
