@@ -34,5 +34,14 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 
+# E2B's JS SDK for the tests of the E2B-compatible listener (tests/launcher/e2b installs the npm package itself):
+# Node.js and npm, from Debian unless the host has them already (a Node.js of its own brings its npm).
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+  echo "install-deps: installing nodejs npm"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q
+  apt-get install -y -q --no-install-recommends nodejs npm
+fi
+
 # The guest kernel of microvm/vm sandboxes (quiet when it is there; `--update` takes a newer one).
 "$(dirname "$0")/../backends/vm/guest/fetch-guest-kernel.sh" "${DSEC_GUEST_KERNEL_DIR:-/usr/local/lib/dsec/guest-kernel}"

@@ -125,6 +125,7 @@ std::string startGateway(const LaunchOptions& options, const std::string& fleet_
   config.lost_after_seconds = options.lost_after;
   config.http = options.serve.http;
   config.run_code_listen = options.gateway_run_code_listen;
+  config.e2b = options.gateway_e2b;
   for (const auto& [path, text] :
        {std::pair{config.token_file, token},
         std::pair{config.seed_file, json{{"fleet", fleet_name}, {"nodes", nodes}}.dump(2)}}) {

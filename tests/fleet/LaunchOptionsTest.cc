@@ -94,6 +94,14 @@ TEST_F(LaunchOptionsTest, FleetFlagsParse) {
   EXPECT_FALSE(o->serve.write_fleet_file);
   EXPECT_EQ(o->gateway_run_code_listen, "10.0.0.5:8472");
   EXPECT_EQ(parseLaunchOptions({})->gateway_run_code_listen, "");  // none unless asked for
+  auto e2b =
+      parseLaunchOptions({"--gateway-e2b-listen", "10.0.0.5:8473", "--gateway-e2b-template", "agent=debian:12",
+                          "--gateway-e2b-template", "swe=debian:12+swe:1", "--gateway-e2b-default-image", "debian:12"});
+  ASSERT_OK(e2b);
+  EXPECT_EQ(e2b->gateway_e2b.listen, "10.0.0.5:8473");
+  EXPECT_EQ(e2b->gateway_e2b.templates.at("swe"), "debian:12+swe:1");
+  EXPECT_EQ(e2b->gateway_e2b.default_image, "debian:12");
+  EXPECT_TRUE(parseLaunchOptions({})->gateway_e2b.listen.empty());
 
   auto join = parseLaunchOptions({"--join", "rollout", "--drain-timeout", "10"});
   ASSERT_OK(join);
@@ -121,7 +129,8 @@ TEST_F(LaunchOptionsTest, BadValuesAreRefusedNamingTheFlag) {
        {"--port=70000", "--node-port=-1", "--drain-timeout=-1", "--lost-after=0.1", "--gateways=0", "--gateways=17",
         "--max-sandboxes=0", "--cpu-qos=maybe", "--overcommit=x", "--fncall-workers=-2", "--memory-capacity=lots",
         "--header-timeout=0", "--fleet=../etc", "--max-sandboxes=1e3", "--port=99999999999",
-        "--gateway-run-code-listen=nowhere"}) {
+        "--gateway-run-code-listen=nowhere", "--gateway-e2b-listen=nowhere", "--gateway-e2b-template=agent",
+        "--gateway-e2b-default-image=../x"}) {
     std::string arg = arg_text;
     auto o = parseLaunchOptions({arg});
     ASSERT_FALSE(o.ok()) << arg << " was taken";
@@ -201,6 +210,9 @@ TEST(GatewayConfig, RoundTripsWithMode0600) {
   c.http.idle_timeout_ms = 4321;
   c.http.header_limit = 12345;
   c.run_code_listen = "10.0.0.1:8472";
+  c.e2b.listen = "10.0.0.1:8473";
+  c.e2b.templates = {{"agent", "debian:12+python:3.11"}, {"swe", "debian:12"}};
+  c.e2b.default_image = "debian:12";
   std::string path = dir.path() + "/gateway-config.json";
   ASSERT_OK(writeGatewayConfig(path, c));
   struct stat st {};

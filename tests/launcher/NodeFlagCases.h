@@ -70,6 +70,14 @@ inline std::vector<FlagCase> everyNodeFlag(bool with_serve_only) {
     cases.push_back(
         {{"--listen", "0.0.0.0:9000"}, [](const ServeOptions& o) { return o.http.listen == "0.0.0.0:9000"; }});
     cases.push_back({{"--node-name", "n7"}, [](const ServeOptions& o) { return o.node.node_name == "n7"; }});
+    cases.push_back(
+        {{"--e2b-listen", "127.0.0.1:49999"}, [](const ServeOptions& o) { return o.e2b.listen == "127.0.0.1:49999"; }});
+    cases.push_back({{"--e2b-template", "agent=debian:12"}, [](const ServeOptions& o) {
+                       auto it = o.e2b.templates.find("agent");
+                       return it != o.e2b.templates.end() && it->second == "debian:12";
+                     }});
+    cases.push_back({{"--e2b-default-image", "debian:12+python:3.11"},
+                     [](const ServeOptions& o) { return o.e2b.default_image == "debian:12+python:3.11"; }});
   }
   return cases;
 }

@@ -120,6 +120,10 @@ TEST(NodeOptionsTable, BadValuesAreRefusedNamingTheFlag) {
       "--cgroup-parent=../escape",
       "--store=/nonexistent/dsec-store",  // the shared store must be a directory the node reads
       "--store=http://",                  // a chunk server's URL needs a host and port
+      "--e2b-template=agent",             // NAME=IMAGE
+      "--e2b-template=agent=../x",        // not an image
+      "--e2b-default-image=../x",
+      "--e2b-listen=8496",  // no host
       "--chunk-cache=lots",
       "--listen=8470",
       "--listen=127.0.0.1:70000",

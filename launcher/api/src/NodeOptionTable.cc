@@ -238,6 +238,15 @@ void NodeOptionTable::addTo(po::options_description& desc) {
   add("run-code-listen", po::value<std::string>(&options_->run_code_listen)->default_value(options_->run_code_listen),
       "ADDR:PORT of a second listener, WITHOUT authentication, serving only POST /run_code (bind it to a private "
       "address; docs/security.md)");
+  if (parts_.listen) {  // `dsec serve`; a fleet's E2B listener is its gateway's
+    add("e2b-listen", po::value<std::string>(&options_->e2b.listen)->default_value(options_->e2b.listen),
+        "ADDR:PORT of an E2B-compatible listener: E2B's SDKs with E2B_API_URL and E2B_SANDBOX_URL set to it and "
+        "E2B_API_KEY the node's token (docs/e2b.md)");
+    add("e2b-template", po::value<std::vector<std::string>>()->composing(),
+        "NAME=IMAGE: the dsec image an E2B template id creates (repeatable)");
+    add("e2b-default-image", po::value<std::string>(&options_->e2b.default_image)->default_value(""),
+        "the image of E2B's default template 'base' and of templates --e2b-template does not name");
+  }
   add("run-code-cpp-image",
       po::value<std::string>(&options_->run_code.cpp_image)->default_value(options_->run_code.cpp_image),
       "the image POST /run_code compiles and runs cpp in (it needs g++)");
@@ -261,6 +270,12 @@ Status NodeOptionTable::apply(const po::variables_map& vm) {
   double idle = vm["idle-timeout"].as<double>();
   if (!positive(idle) || idle * 1000 > INT_MAX) return flagError("idle-timeout", "must be > 0 and < 2000000 seconds");
   h.idle_timeout_ms = static_cast<int>(std::lround(std::max(1.0, idle * 1000)));
+  if (vm.count("e2b-template") != 0) {
+    for (const auto& spec : vm["e2b-template"].as<std::vector<std::string>>()) {
+      if (Status st = addE2bTemplate(options_->e2b, spec); !st.ok())
+        return flagError("e2b-template", st.error().message());
+    }
+  }
   if (vm.count("output-budget") != 0) {
     DSEC_ASSIGN_OR_RETURN(int64_t budget, sizeFlag(vm, "output-budget"));
     options_->output_budget_bytes = static_cast<uint64_t>(budget);
@@ -277,6 +292,10 @@ Status validateNodeFlags(const ServeOptions& options) {
     if (options.run_code_listen == options.http.listen) {
       return flagError("run-code-listen", "must differ from the API's own address " + options.http.listen);
     }
+  }
+  DSEC_TRY(validateE2bOptions(options.e2b, ""));
+  if (!options.e2b.listen.empty() && options.e2b.listen == options.http.listen) {
+    return flagError("e2b-listen", "must differ from the API's own address " + options.http.listen);
   }
   if (auto image = fs3::parseImageRef(options.run_code.cpp_image); !image.ok()) {
     return flagError("run-code-cpp-image", image.error().message());

@@ -8,16 +8,6 @@ namespace {
 
 namespace http = boost::beast::http;
 
-bool validSandboxId(std::string_view id) {
-  if (id.empty() || id.size() > 128) return false;
-  for (char c : id) {
-    bool ok =
-        (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_' || c == '.';
-    if (!ok) return false;
-  }
-  return id != "." && id != "..";
-}
-
 int hexValue(char c) {
   if (c >= '0' && c <= '9') return c - '0';
   if (c >= 'a' && c <= 'f') return c - 'a' + 10;
@@ -192,6 +182,16 @@ const RouteTable& nodeRoutes() {
 }
 
 }  // namespace
+
+bool validSandboxId(std::string_view id) {
+  if (id.empty() || id.size() > 128) return false;
+  for (char c : id) {
+    bool ok =
+        (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_' || c == '.';
+    if (!ok) return false;
+  }
+  return id != "." && id != "..";
+}
 
 RouteMatch matchRoute(http::verb method, std::string_view target) {
   TableMatch t = nodeRoutes().match(method, target);

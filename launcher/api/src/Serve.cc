@@ -91,6 +91,21 @@ class EmbeddedNodeImpl : public EmbeddedNode {
       DSEC_LOG(kWarn, kLog) << "POST /run_code without authentication on " << run_code_http_->endpoint()
                             << " (anyone who reaches it can run code here; docs/security.md)";
     }
+    if (!options_.e2b.listen.empty()) {
+      HttpServerOptions e2b = options_.http;
+      e2b.listen = options_.e2b.listen;
+      e2b_handler_ = std::make_unique<E2bFront>(options_.e2b, http_->endpoint(), token_);
+      auto listener = HttpServer::start(e2b, e2b_handler_.get());
+      if (!listener.ok()) {
+        if (run_code_http_) run_code_http_->stop();
+        http_->stop();
+        agent_->shutdown(false);
+        return listener.error().wrap("--e2b-listen " + options_.e2b.listen);
+      }
+      e2b_http_ = std::move(*listener);
+      DSEC_LOG(kInfo, kLog) << "E2B-compatible API on " << e2b_http_->endpoint()
+                            << " (E2B_API_URL and E2B_SANDBOX_URL; E2B_API_KEY is the node's token)";
+    }
     if (options_.write_fleet_file) {
       const NodeOptions& node = options_.node;
       auto st = writeFleetFile(node.fleet_name, {http_->endpoint()}, token_, node.node_name, node.root, node.slurm_job);
@@ -107,12 +122,14 @@ class EmbeddedNodeImpl : public EmbeddedNode {
 
   std::string endpoint() const override { return http_ ? http_->endpoint() : ""; }
   std::string token() const override { return token_; }
+  std::string e2bEndpoint() const override { return e2b_http_ ? e2b_http_->endpoint() : ""; }
 
   void stop(bool destroy_sandboxes) override {
     std::lock_guard lock(stop_mu_);
     if (stopped_) return;
     stopped_ = true;
     std::string endpoint = this->endpoint();
+    if (e2b_http_) e2b_http_->stop();
     if (run_code_http_) run_code_http_->stop();
     if (http_) http_->stop();
     if (agent_) agent_->shutdown(destroy_sandboxes);
@@ -131,6 +148,8 @@ class EmbeddedNodeImpl : public EmbeddedNode {
   std::unique_ptr<HttpServer> http_;
   std::unique_ptr<RunCodeListener> run_code_handler_;
   std::unique_ptr<HttpServer> run_code_http_;  // --run-code-listen; stopped before the handler goes
+  std::unique_ptr<E2bFront> e2b_handler_;
+  std::unique_ptr<HttpServer> e2b_http_;  // --e2b-listen; stopped before the handler goes
   std::mutex stop_mu_;
   bool stopped_ = false;
 };

@@ -37,6 +37,8 @@ Status checkConfig(const GatewayProcessConfig& c) {
       return Error::invalid("gateway config: run_code_listen: " + address.error().message());
     }
   }
+  if (Status st = validateE2bOptions(c.e2b, "gateway-"); !st.ok())
+    return Error::invalid("gateway config: " + st.error().message());
   return validateHttpServerOptions(gatewayHttpOptions(c));
 }
 
@@ -69,7 +71,10 @@ Status writeGatewayConfig(const std::string& path, const GatewayProcessConfig& c
             {"body_min_rate", c.http.body_min_rate},
             {"idle_timeout_ms", c.http.idle_timeout_ms},
             {"header_limit", c.http.header_limit},
-            {"run_code_listen", c.run_code_listen}};
+            {"run_code_listen", c.run_code_listen},
+            {"e2b_listen", c.e2b.listen},
+            {"e2b_templates", c.e2b.templates},
+            {"e2b_default_image", c.e2b.default_image}};
   return writeFileAtomic(path, j.dump(2) + "\n", 0600);
 }
 
@@ -107,6 +112,9 @@ Result<GatewayProcessConfig> readGatewayConfig(const std::string& path) {
     get("idle_timeout_ms", &c.http.idle_timeout_ms);
     get("header_limit", &c.http.header_limit);
     get("run_code_listen", &c.run_code_listen);
+    get("e2b_listen", &c.e2b.listen);
+    get("e2b_templates", &c.e2b.templates);
+    get("e2b_default_image", &c.e2b.default_image);
   } catch (const json::exception& e) {
     return Error::invalid("gateway config " + path + ": field " + key + ": " + e.what());
   }
@@ -160,11 +168,30 @@ int runGatewayProcess(const GatewayProcessConfig& config) {
     DSEC_LOG(kWarn, kLog) << "gateway: POST /run_code without authentication on " << run_code_server->endpoint()
                           << " (anyone who reaches it can run code in the fleet; docs/security.md)";
   }
+  std::unique_ptr<E2bFront> e2b_handler;
+  std::unique_ptr<HttpServer> e2b_server;
+  if (!config.e2b.listen.empty()) {
+    HttpServerOptions e2b = gatewayHttpOptions(config);
+    e2b.listen = config.e2b.listen;
+    // A translator in front of the gateway's own API: placement, failover and lost nodes as for any client.
+    e2b_handler = std::make_unique<E2bFront>(config.e2b, (*server)->endpoint(), go.token);
+    auto listener = HttpServer::start(e2b, e2b_handler.get());
+    if (!listener.ok()) {
+      DSEC_LOG(kError, kLog) << "gateway: --gateway-e2b-listen " << config.e2b.listen << ": "
+                             << listener.error().message();
+      if (run_code_server) run_code_server->stop();
+      (*server)->stop();
+      return 1;
+    }
+    e2b_server = std::move(*listener);
+    DSEC_LOG(kInfo, kLog) << "gateway: E2B-compatible API on " << e2b_server->endpoint();
+  }
   gateway.start();
   if (!config.port_file.empty()) (void)writeFileAtomic(config.port_file, std::to_string((*server)->port()), 0600);
   DSEC_LOG(kInfo, kLog) << "gateway of fleet " << config.fleet_name << " on port " << (*server)->port();
   while (waitForStopSignal(-1) == 0) {
   }
+  if (e2b_server) e2b_server->stop();
   if (run_code_server) run_code_server->stop();
   (*server)->stop();
   gateway.stop();

@@ -48,6 +48,12 @@ void addFleetFlags(po::options_description& desc, LaunchOptions* o) {
   add("gateway-run-code-listen", po::value<std::string>(&o->gateway_run_code_listen),
       "ADDR:PORT of each gateway's second listener, WITHOUT authentication, serving only POST /run_code (bind it "
       "to a private address; docs/security.md)");
+  add("gateway-e2b-listen", po::value<std::string>(&o->gateway_e2b.listen),
+      "ADDR:PORT of each gateway's E2B-compatible listener (docs/e2b.md)");
+  add("gateway-e2b-template", po::value<std::vector<std::string>>()->composing(),
+      "NAME=IMAGE: the dsec image an E2B template id creates (repeatable)");
+  add("gateway-e2b-default-image", po::value<std::string>(&o->gateway_e2b.default_image),
+      "the image of E2B's default template 'base' and of templates --gateway-e2b-template does not name");
   add("gateway-only", po::bool_switch(&o->gateway_only), "run as the gateway process (started by rank 0)");
   add("gateway-config", po::value<std::string>(&o->gateway_config),
       "the gateway process's settings (written by rank 0)");
@@ -99,6 +105,7 @@ Status checkFleetFlags(const LaunchOptions& o) {
       return bad("gateway-run-code-listen", address.error().message());
     }
   }
+  DSEC_TRY(validateE2bOptions(o.gateway_e2b, "gateway-"));
   if (o.gateway_only && o.gateway_config.empty()) return Error::invalid("--gateway-only wants --gateway-config FILE");
   return okStatus();
 }
@@ -140,6 +147,13 @@ Result<LaunchOptions> parseLaunchOptions(const std::vector<std::string>& args) {
   DSEC_TRY(refuseGoneFlags(vm));
   DSEC_TRY(resolveFleetName(vm, &o));
   DSEC_TRY(table.apply(vm));
+  if (vm.count("gateway-e2b-template") != 0) {
+    for (const auto& spec : vm["gateway-e2b-template"].as<std::vector<std::string>>()) {
+      if (Status st = addE2bTemplate(o.gateway_e2b, spec); !st.ok()) {
+        return Error::invalid("--gateway-e2b-template: " + st.error().message());
+      }
+    }
+  }
   DSEC_TRY(checkFleetFlags(o));
   return o;
 }

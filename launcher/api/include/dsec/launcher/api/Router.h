@@ -107,6 +107,8 @@ class RouteTable {
 };
 
 RouteMatch matchRoute(boost::beast::http::verb method, std::string_view target);
+// 1-128 of [A-Za-z0-9._-], not "." or "..": what a route takes as a sandbox id.
+bool validSandboxId(std::string_view id);
 // Percent-decoding of a query component ('+' is a space); false on a malformed escape.
 bool percentDecode(std::string_view in, std::string* out);
 // How a route's request body is read.

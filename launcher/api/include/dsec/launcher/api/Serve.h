@@ -6,6 +6,7 @@
 #include <string>
 
 #include "dsec/common/Result.h"
+#include "dsec/launcher/api/E2bFront.h"
 #include "dsec/launcher/api/HttpServer.h"
 #include "dsec/launcher/node/NodeAgent.h"
 #include "dsec/launcher/node/RunCode.h"
@@ -35,6 +36,8 @@ struct ServeOptions {
   // "ADDR:PORT": a second listener, without authentication, that serves only POST /run_code (RunCodeListener.h;
   // docs/security.md). "" : none.
   std::string run_code_listen;
+  // The E2B-compatible listener (E2bFront.h, docs/e2b.md): off while e2b.listen is "".
+  E2bOptions e2b;
   bool write_fleet_file = true;  // fleet file ~/.dsec/fleets/<node.fleet_name>.json
 };
 
@@ -46,6 +49,8 @@ class EmbeddedNode {
   virtual ~EmbeddedNode() = default;
   virtual std::string endpoint() const = 0;  // "http://127.0.0.1:PORT"
   virtual std::string token() const = 0;
+  // "http://127.0.0.1:PORT" of the E2B-compatible listener; "" when it is off.
+  virtual std::string e2bEndpoint() const = 0;
   virtual void stop(bool destroy_sandboxes) = 0;
 };
 

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "dsec/common/Result.h"
+#include "dsec/launcher/api/E2bFront.h"
 #include "dsec/launcher/api/HttpServer.h"
 
 namespace dsec::launcher::fleet {
@@ -29,6 +30,8 @@ struct GatewayProcessConfig {
   // "ADDR:PORT": a second listener, without authentication, serving only POST /run_code (RunCodeListener.h;
   // docs/security.md). "" : none.
   std::string run_code_listen;
+  // The E2B-compatible listener in front of the gateway (E2bFront.h, docs/e2b.md); off while e2b.listen is "".
+  E2bOptions e2b;
 
   bool operator==(const GatewayProcessConfig&) const = default;
 };

@@ -30,6 +30,7 @@ struct LaunchOptions {
   double lost_after = 3.0;
   // Each gateway's listener without authentication for POST /run_code ("" : none; docs/security.md).
   std::string gateway_run_code_listen;
+  E2bOptions gateway_e2b;  // --gateway-e2b-listen, --gateway-e2b-template, --gateway-e2b-default-image
   // The gateway process: every setting is in --gateway-config FILE (written by rank 0).
   bool gateway_only = false;
   std::string gateway_config;

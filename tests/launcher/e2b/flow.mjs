@@ -1,0 +1,50 @@
+// One E2B agent's life through E2B's own JS SDK (npm `e2b`), against dsec's E2B listener: E2B_API_URL,
+// E2B_SANDBOX_URL and E2B_API_KEY come from the environment. Prints one JSON object per step; test_e2b_sdk.py checks
+// them. Any exception fails the run (exit 1) with its name and message.
+import { Sandbox, CommandExitError } from 'e2b'
+
+const out = (step, value) => console.log(JSON.stringify({ step, value }))
+try {
+  const sbx = await Sandbox.create(process.env.E2B_TEMPLATE || 'base', { timeoutMs: 120_000, metadata: { run: 'r1' } })
+  out('create', sbx.sandboxId)
+  const r = await sbx.commands.run('echo hello; echo oops >&2')
+  out('run', { exitCode: r.exitCode, stdout: r.stdout, stderr: r.stderr })
+  try {
+    await sbx.commands.run('echo before; exit 3')
+    out('failing', 'no error')
+  } catch (e) {
+    out('failing', { error: e instanceof CommandExitError ? 'CommandExitError' : e.constructor.name, exitCode: e.exitCode, stdout: e.stdout })
+  }
+  const pieces = []
+  const bg = await sbx.commands.run('for i in 1 2 3; do echo line$i; sleep 0.3; done', {
+    background: true,
+    onStdout: (d) => pieces.push(d),
+  })
+  out('background-started', { pid: bg.pid, piecesBeforeWait: pieces.length })
+  const done = await bg.wait()
+  out('background', { exitCode: done.exitCode, stdout: pieces.join(''), pieces: pieces.length })
+  const env = await sbx.commands.run('echo $GREETING from $(pwd)', { envs: { GREETING: 'hey' }, cwd: '/tmp' })
+  out('env-cwd', env.stdout)
+  await sbx.files.write('/tmp/hello.txt', 'hi there')
+  out('read', await sbx.files.read('/tmp/hello.txt'))
+  out('list', (await sbx.files.list('/tmp')).map((e) => `${e.name}:${e.type}`).sort())
+  out('exists', await sbx.files.exists('/tmp/hello.txt'))
+  out('makeDir', [await sbx.files.makeDir('/tmp/d1'), await sbx.files.makeDir('/tmp/d1')])
+  await sbx.files.rename('/tmp/hello.txt', '/tmp/d1/moved.txt')
+  out('renamed', await sbx.files.read('/tmp/d1/moved.txt'))
+  await sbx.files.remove('/tmp/d1/moved.txt')
+  out('removed', await sbx.files.exists('/tmp/d1/moved.txt'))
+  await sbx.setTimeout(60_000)
+  const info = await sbx.getInfo()
+  out('info', { templateId: info.templateId, metadata: info.metadata, state: info.state,
+                lifetime: (info.endAt - info.startedAt) / 1000 })
+  const again = await Sandbox.connect(sbx.sandboxId)
+  out('connect', (await again.commands.run('cat /tmp/d1/../d1/.. >/dev/null 2>&1; echo still here')).stdout)
+  const listed = await Sandbox.list({ query: { metadata: { run: 'r1' } } }).nextItems()
+  out('listed', listed.map((s) => s.sandboxId).includes(sbx.sandboxId))
+  out('kill', await sbx.kill())
+  out('kill-again', await Sandbox.kill(sbx.sandboxId))
+} catch (e) {
+  console.log(JSON.stringify({ step: 'error', value: `${e.constructor.name}: ${e.message}` }))
+  process.exit(1)
+}
