@@ -214,6 +214,23 @@ TEST_F(ContainerTest, AnIdRangeComesFreeOnlyOnceEveryProcessOfItsSandboxIsGone) 
   }
 }
 
+// A node at its last free id range while its init pool refills: the pool's init-in-progress holds that range, and a
+// create that finds none free for an init of its own takes the pool's instead of being refused.
+TEST_F(ContainerTest, ACreateAtTheLastFreeRangeTakesTheInitThePoolIsStartingWithIt) {
+  TempDir dir;
+  auto options = oneRangeOptions(dir.path() + "/leases");
+  options.init_pool_size = 1;
+  auto backend = backends::makeContainerBackend(options);
+  ASSERT_OK(backend);
+  for (int round = 0; round < 20; ++round) {
+    auto sb = (*backend)->create(makeSpec());
+    SCOPED_TRACE("round " + std::to_string(round));
+    ASSERT_OK(sb);
+    EXPECT_EQ(sh(**sb, "echo ok").stdout_data, "ok\n");
+    ASSERT_OK((*sb)->destroy());
+  }
+}
+
 // The same across an agent restart: the agent that adopts the sandbox holds its range as the one that made it did.
 TEST_F(ContainerTest, AnAdoptedSandboxKeepsItsIdRangeUntilEveryProcessIsGone) {
   TempDir dir;

@@ -35,6 +35,8 @@ namespace {
 namespace proto = init_protocol;
 
 constexpr double kReadyTimeoutSeconds = 10;
+// How long a create that found no id range free waits for the init the pool's refill is starting with one.
+constexpr double kInFlightInitWaitSeconds = 5;
 constexpr const char* kScratchDir = "/run/dsec/container-root";
 
 // Agent-side create steps, in order.
@@ -520,7 +522,12 @@ class ContainerBackend : public Backend {
     std::optional<IdleInit> idle;
     if (spec.network != NetworkMode::kHost) idle = init_pool_.take();
     if (idle) return std::move(*idle);
-    return spawnIdleInit(initKind(spec.network));
+    auto own = spawnIdleInit(initKind(spec.network));
+    if (!own.ok() && own.error().code() == ErrorCode::kResourceExhausted && spec.network != NetworkMode::kHost) {
+      // The pool's refill may hold what this create needs (the node's last free id range): its init is as good.
+      if (auto in_flight = init_pool_.takeInFlight(kInFlightInitWaitSeconds)) return std::move(*in_flight);
+    }
+    return own;
   }
 
   // Hands init what it builds the sandbox from: the config (with the egress link, made now that init's network

@@ -175,11 +175,25 @@ InitPool::~InitPool() {
   for (auto& init : ready_) discardIdleInit(init);
 }
 
+std::optional<IdleInit> InitPool::takeInFlight(double wait_seconds) {
+  std::unique_lock lock(mu_);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(wait_seconds);
+  for (;;) {
+    if (auto init = popReadyLocked()) return init;
+    if (stop_ || !spawning_) return std::nullopt;  // nothing on its way
+    if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && ready_.empty()) return std::nullopt;
+  }
+}
+
 std::optional<IdleInit> InitPool::take() {
   std::lock_guard lock(mu_);
   // Started by the second create, not with the backend: a process that makes at most one sandbox (a CLI
   // run, a layer build) does not pay for inits it never uses and has to kill at exit.
   if (target_ > 0 && !thread_.joinable() && !stop_ && ++takes_ >= 2) thread_ = std::thread([this] { run(); });
+  return popReadyLocked();
+}
+
+std::optional<IdleInit> InitPool::popReadyLocked() {
   // An init that died while waiting (killed from outside) is dropped here rather than failing a create.
   while (!ready_.empty()) {
     IdleInit init = std::move(ready_.front());
@@ -202,9 +216,15 @@ void InitPool::run() {
       std::unique_lock lock(mu_);
       cv_.wait(lock, [&] { return stop_ || ready_.size() < target_; });
       if (stop_) return;
+      spawning_ = true;
     }
     auto init = spawnIdleInit(kind_);
     if (!init.ok()) {
+      {
+        std::lock_guard lock(mu_);
+        spawning_ = false;
+      }
+      cv_.notify_all();  // a create waiting in takeInFlight gives up
       if (init.error().message() != last_failure) {
         last_failure = init.error().message();
         DSEC_LOG(kWarn, "container") << "init pool: " << init.error().toString() << "; trying again later";
@@ -218,6 +238,8 @@ void InitPool::run() {
     backoff_seconds = 0.5;
     last_failure.clear();
     std::lock_guard lock(mu_);
+    spawning_ = false;  // in the same step as the push: a waiting create sees the init, or that none is coming
+    cv_.notify_all();
     if (stop_) {
       discardIdleInit(*init);
       return;

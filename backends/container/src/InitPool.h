@@ -61,9 +61,13 @@ class InitPool {
 
   // A waiting init nobody else has, or nothing when the pool is empty. The second call starts the refill.
   std::optional<IdleInit> take();
+  // As take(), but while the refill is starting an init, waits for it (up to wait_seconds): for a create that could
+  // not start an init of its own because the refill holds what it needed (the node's last free id range).
+  std::optional<IdleInit> takeInFlight(double wait_seconds);
 
  private:
   void run();
+  std::optional<IdleInit> popReadyLocked();  // mu_ held
 
   const size_t target_;
   const InitKind kind_;
@@ -71,6 +75,7 @@ class InitPool {
   std::condition_variable cv_;
   std::deque<IdleInit> ready_;
   bool stop_ = false;
+  bool spawning_ = false;  // the refill is starting an init (it holds an id range for it)
   int takes_ = 0;
   std::thread thread_;
 };
