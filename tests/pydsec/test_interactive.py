@@ -270,3 +270,18 @@ def test_a_silent_stream_whose_client_left_kills_its_command(client, sb):
             break
         time.sleep(0.05)
     assert gone, "the command of a stream whose client left is still running"
+
+
+def test_a_streamed_exec_with_an_id_takes_a_signal(sb):
+    # POST .../exec/{exec_id}/signal (docs/api.md): what E2B's commands.kill(pid) becomes on dsec's E2B listener.
+    stream = sb.exec_stream("trap 'echo got-term; exit 7' TERM; echo ready; while true; do sleep 0.1; done",
+                            stdin=True, timeout=60)
+    assert next(stream) == ("stdout", "ready\n")
+    path = sb._path + f"/exec/{stream.exec_id}/signal"
+    with pytest.raises(pydsec.InvalidRequestError):
+        sb._t().call("POST", path, payload={"signal": 0})
+    assert sb._t().call("POST", path, payload={"signal": 15}) == {"signal": 15}
+    result = stream.wait()
+    assert result.exit_code == 7 and "got-term" in result.stdout, result
+    with pytest.raises(pydsec.NotFoundError):  # the exec ended: nothing left to signal
+        sb._t().call("POST", path, payload={"signal": 15})

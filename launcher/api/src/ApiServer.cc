@@ -161,6 +161,8 @@ void ApiServer::dispatchSandbox(HttpExchange& ex, const RouteMatch& m) {
       }
       return execStdin(ex, id, m.sub_id, eof == "true" || eof == "1");
     }
+    case Op::kExecSignal:
+      return execSignal(ex, id, m.sub_id);
     case Op::kTerminal:
       return terminal(ex, m);
     case Op::kReadFile:

@@ -138,6 +138,13 @@ void E2bFront::envd(HttpExchange& ex, const std::string& sandbox_id) {
     if (ex.method() == http::verb::post) return writeFile(ex, sandbox_id);
   }
   if (path == "/process.Process/Start" && ex.method() == http::verb::post) return processStart(ex, sandbox_id);
+  constexpr std::string_view kProcess = "/process.Process/";
+  if (path.substr(0, kProcess.size()) == kProcess && ex.method() == http::verb::post) {
+    const std::string method(path.substr(kProcess.size()));
+    if (method == "SendSignal" || method == "SendInput" || method == "CloseStdin") {
+      return processControl(ex, sandbox_id, method);
+    }
+  }
   constexpr std::string_view kFilesystem = "/filesystem.Filesystem/";
   if (path.substr(0, kFilesystem.size()) == kFilesystem && ex.method() == http::verb::post) {
     return filesystemCall(ex, sandbox_id, std::string(path.substr(kFilesystem.size())));
@@ -175,7 +182,9 @@ void E2bFront::processStart(HttpExchange& ex, const std::string& id) {
   if (process.contains("args") && process["args"].is_array()) {
     for (const auto& a : process["args"]) argv.push_back(a);
   }
-  nlohmann::json exec{{"cmd", argv}};
+  // Always a stdin stream: it names the exec (for signals and input); a command given no stdin gets EOF at once.
+  const bool wants_stdin = request.value("stdin", false);
+  nlohmann::json exec{{"cmd", argv}, {"stdin_stream", true}};
   if (process.contains("envs") && process["envs"].is_object()) exec["env"] = process["envs"];
   if (process.contains("cwd") && process["cwd"].is_string() && !process["cwd"].get<std::string>().empty()) {
     exec["cwd"] = process["cwd"];
@@ -185,6 +194,8 @@ void E2bFront::processStart(HttpExchange& ex, const std::string& id) {
   bool client_gone = false;
   bool started = false;
   bool finished = false;  // the end-of-stream message went out
+  std::string exec_id;
+  const std::string exec_base = "/v1/sandboxes/" + id + "/exec/";
   auto send = [&](uint8_t flags, const nlohmann::json& message) {
     if (!ex.streamOpen() && !ex.beginStream(200, "application/connect+json", std::nullopt)) return false;
     const std::string frame = connectFrame(flags, message.dump());
@@ -196,7 +207,15 @@ void E2bFront::processStart(HttpExchange& ex, const std::string& id) {
     // The start event comes first, whatever the first line is (a command that cannot start still ends here).
     if (!started && !send(0, {{"event", {{"start", {{"pid", pid}}}}}})) return false;
     started = true;
-    if (j.contains("started")) return true;
+    if (j.contains("started")) {
+      exec_id = j.value("exec_id", "");
+      if (!exec_id.empty()) {
+        std::lock_guard lock(procs_mu_);
+        procs_[pid] = {id, exec_id};
+      }
+      if (!wants_stdin && !exec_id.empty()) (void)call(http::verb::post, exec_base + exec_id + "/stdin?eof=true", "");
+      return true;
+    }
     if (!j.value("done", false)) {
       for (const char* stream : {"stdout", "stderr"}) {
         if (j.contains(stream) && j[stream].is_string() && !j[stream].get<std::string>().empty()) {
@@ -242,6 +261,10 @@ void E2bFront::processStart(HttpExchange& ex, const std::string& id) {
                               }
                               return true;
                             });
+  {
+    std::lock_guard lock(procs_mu_);
+    procs_.erase(pid);
+  }
   if (ex.streamOpen()) {
     if (!finished) {
       fail("unavailable", reply.ok() ? "the command's stream ended early" : reply.error().message());
@@ -253,6 +276,56 @@ void E2bFront::processStart(HttpExchange& ex, const std::string& id) {
   if (client_gone) return;
   if (!reply.ok()) return fail("unavailable", reply.error().message());
   fail(connectCode(reply->status), errorMessage(reply->body, reply->status));
+}
+
+void E2bFront::processControl(HttpExchange& ex, const std::string& id, const std::string& method) {
+  bool too_large = false;
+  auto body = ex.readBody(kRpcBodyLimit, &too_large);
+  if (!body.ok()) return sendConnectError(ex, "invalid_argument", body.error().message());
+  auto j = nlohmann::json::parse(body->empty() ? "{}" : *body, nullptr, false);
+  if (!j.is_object() || !j.contains("process") || !j["process"].is_object() || !j["process"].contains("pid")) {
+    return sendConnectError(ex, "invalid_argument", "a process selector {\"pid\"} is needed (tags are not kept)");
+  }
+  const auto pid = j["process"]["pid"].is_number() ? j["process"]["pid"].get<uint32_t>() : 0u;
+  std::string exec_id;
+  {
+    std::lock_guard lock(procs_mu_);
+    auto it = procs_.find(pid);
+    if (it != procs_.end() && it->second.first == id) exec_id = it->second.second;
+  }
+  if (exec_id.empty()) return sendConnectError(ex, "not_found", "no running process " + std::to_string(pid));
+  const std::string base = "/v1/sandboxes/" + id + "/exec/" + exec_id;
+  Upstream answer;
+  if (method == "SendSignal") {
+    // process.Signal: SIGNAL_SIGTERM = 15, SIGNAL_SIGKILL = 9 (by name or number in JSON).
+    int sig = 0;
+    if (j.contains("signal") && j["signal"].is_number_integer()) sig = j["signal"].get<int>();
+    if (j.contains("signal") && j["signal"].is_string()) {
+      const std::string name = j["signal"].get<std::string>();
+      sig = name == "SIGNAL_SIGKILL" ? 9 : name == "SIGNAL_SIGTERM" ? 15 : 0;
+    }
+    if (sig != 9 && sig != 15) return sendConnectError(ex, "invalid_argument", "signal must be SIGTERM or SIGKILL");
+    answer = call(http::verb::post, base + "/signal", nlohmann::json{{"signal", sig}}.dump());
+  } else if (method == "SendInput") {
+    std::string data;
+    if (j.contains("input") && j["input"].is_object() && j["input"].contains("stdin")) {
+      auto decoded = base64Decode(j["input"].value("stdin", ""));
+      if (!decoded.ok()) return sendConnectError(ex, "invalid_argument", "input.stdin is not base64");
+      data = std::move(*decoded);
+    } else {
+      return sendConnectError(ex, "unimplemented", "only stdin input is supported (no pty)");
+    }
+    client::CallOptions options;
+    options.headers.emplace_back("Content-Type", "application/octet-stream");
+    auto reply = client::call(upstream_, http::verb::post, base + "/stdin", token_, data, options);
+    answer = reply.ok() ? Upstream{reply->status, reply->body, {}} : Upstream{503, reply.error().message(), {}};
+  } else {
+    answer = call(http::verb::post, base + "/stdin?eof=true", "");
+  }
+  if (answer.status / 100 != 2) {
+    return sendConnectError(ex, connectCode(answer.status), errorMessage(answer.body, answer.status));
+  }
+  ex.sendJson(200, nlohmann::json::object());
 }
 
 void E2bFront::filesystemCall(HttpExchange& ex, const std::string& id, const std::string& method) {

@@ -22,8 +22,13 @@ class NdjsonSink : public backends::ExecSink {
  public:
   // exec_id: the id its stdin is written to (streamed stdin), else empty; stdin_read_end: the node's copy of the
   // command's stdin, let go once the command holds its own (so its exit breaks the pipe for writers).
-  NdjsonSink(HttpExchange& ex, std::string exec_id, UniqueFd stdin_read_end, HangUpWatch* hangups)
-      : ex_(ex), exec_id_(std::move(exec_id)), stdin_read_end_(std::move(stdin_read_end)), hangups_(hangups) {}
+  NdjsonSink(HttpExchange& ex, std::string exec_id, UniqueFd stdin_read_end, HangUpWatch* hangups,
+             std::shared_ptr<StdinFeed> feed)
+      : ex_(ex),
+        exec_id_(std::move(exec_id)),
+        stdin_read_end_(std::move(stdin_read_end)),
+        hangups_(hangups),
+        feed_(std::move(feed)) {}
   ~NdjsonSink() override {
     if (hangup_token_ != 0) hangups_->unwatch(hangup_token_);  // before the connection can be closed
   }
@@ -34,6 +39,7 @@ class NdjsonSink : public backends::ExecSink {
   bool onStarted(const std::shared_ptr<backends::ExecControl>& control) override {
     std::lock_guard lock(mu_);
     stdin_read_end_.reset();
+    if (feed_) feed_->setControl(control);  // POST .../exec/{id}/signal reaches it from now
     // A silent command learns of its client's going from the connection itself, not from a failed write.
     if (auto token = hangups_->watch(ex_.socketFd(), control); token.ok()) {
       hangup_token_ = *token;
@@ -99,7 +105,8 @@ class NdjsonSink : public backends::ExecSink {
   const std::string exec_id_;
   UniqueFd stdin_read_end_;
   HangUpWatch* hangups_;
-  uint64_t hangup_token_ = 0;  // watched from the start (0: not)
+  std::shared_ptr<StdinFeed> feed_;  // the exec's feed when its stdin is streamed (signals reach it through it)
+  uint64_t hangup_token_ = 0;        // watched from the start (0: not)
   std::mutex mu_;
   bool started_ = false;
   JsonStringEscaper out_escaper_, err_escaper_;
@@ -165,7 +172,11 @@ void ApiServer::exec(HttpExchange& ex, const std::string& id, bool stream) {
     stdin_read_end = std::move(feed->second);
     req->stdin_fd = stdin_read_end.get();
   }
-  NdjsonSink sink(ex, exec_id, std::move(stdin_read_end), &hangups_);
+  std::shared_ptr<StdinFeed> feed;
+  if (!exec_id.empty()) {
+    if (auto found = stdin_feeds_.find(id, exec_id); found.ok()) feed = *found;
+  }
+  NdjsonSink sink(ex, exec_id, std::move(stdin_read_end), &hangups_, std::move(feed));
   auto result = lease->sandbox().execStream(*req, sink);
   if (!exec_id.empty()) stdin_feeds_.close(exec_id);
   if (!result.ok()) {
@@ -183,6 +194,20 @@ void ApiServer::exec(HttpExchange& ex, const std::string& id, bool stream) {
   last["stderr"] = "";
   last["done"] = true;
   if (sink.writeLast(last)) ex.endStream();
+}
+
+void ApiServer::execSignal(HttpExchange& ex, const std::string& id, const std::string& exec_id) {
+  auto body = readJsonBody(ex, kJsonBodyLimit);
+  if (!body) return;
+  if (!body->is_object() || !body->contains("signal") || !(*body)["signal"].is_number_integer()) {
+    return sendError(ex, Error::invalid("the body is {\"signal\": N} (1-64)"));
+  }
+  const int sig = (*body)["signal"].get<int>();
+  if (sig < 1 || sig > 64) return sendError(ex, Error::invalid("signal must be 1-64, not " + std::to_string(sig)));
+  auto feed = stdin_feeds_.find(id, exec_id);
+  if (!feed.ok()) return sendError(ex, feed.error());
+  if (Status st = (*feed)->signal(sig); !st.ok()) return sendError(ex, st.error());
+  ex.sendJson(200, json{{"signal", sig}});
 }
 
 void ApiServer::execStdin(HttpExchange& ex, const std::string& id, const std::string& exec_id, bool eof) {

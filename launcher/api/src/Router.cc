@@ -162,6 +162,7 @@ const RouteTable& nodeRoutes() {
         .add("/v1/sandboxes/*/exec", {{V::post, op(Op::kExec)}})
         .add("/v1/sandboxes/*/exec/stream", {{V::post, op(Op::kExecStream)}})
         .add("/v1/sandboxes/*/exec/*/stdin", {{V::post, op(Op::kExecStdin)}})
+        .add("/v1/sandboxes/*/exec/*/signal", {{V::post, op(Op::kExecSignal)}})
         .add("/v1/sandboxes/*/terminal", {{V::get, op(Op::kTerminal)}})
         .add("/v1/sandboxes/*/files",
              {{V::get, op(Op::kReadFile)}, {V::put, op(Op::kWriteFile)}, {V::delete_, op(Op::kRemoveFile)}})
@@ -243,6 +244,7 @@ BodyKind bodyKind(Op op) {
     case Op::kRunCode:
     case Op::kSnapshotSandbox:
     case Op::kForkSandbox:
+    case Op::kExecSignal:
       return BodyKind::kJson;
     case Op::kWriteFile:
     case Op::kPutTar:
@@ -289,6 +291,8 @@ const char* opName(Op op) {
       return "exec-stream";
     case Op::kExecStdin:
       return "exec-stdin";
+    case Op::kExecSignal:
+      return "exec-signal";
     case Op::kTerminal:
       return "terminal";
     case Op::kReadFile:

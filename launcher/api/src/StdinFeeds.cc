@@ -28,6 +28,21 @@ void StdinFeed::release(uint64_t bytes) {
   reserved_ -= std::min(reserved_, bytes);
 }
 
+void StdinFeed::setControl(const std::shared_ptr<backends::ExecControl>& control) {
+  std::lock_guard lock(mu_);
+  control_ = control;
+}
+
+Status StdinFeed::signal(int sig) {
+  std::shared_ptr<backends::ExecControl> control;
+  {
+    std::lock_guard lock(mu_);
+    control = control_.lock();
+  }
+  if (!control) return Error::notFound("the exec has not started or has ended");
+  return control->signal(sig);
+}
+
 void StdinFeed::end() {
   uint64_t one = 1;
   (void)!::write(ended_.get(), &one, sizeof one);

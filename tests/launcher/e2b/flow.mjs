@@ -23,6 +23,21 @@ try {
   out('background-started', { pid: bg.pid, piecesBeforeWait: pieces.length })
   const done = await bg.wait()
   out('background', { exitCode: done.exitCode, stdout: pieces.join(''), pieces: pieces.length })
+  const sleeper = await sbx.commands.run('sleep 60', { background: true })
+  out('kill-command', await sleeper.kill())
+  try {
+    const r2 = await sleeper.wait()
+    out('killed-wait', { exitCode: r2.exitCode })
+  } catch (e) {
+    out('killed-wait', { error: e.constructor.name, exitCode: e.exitCode })
+  }
+  out('kill-unknown', await sbx.commands.kill(987654))
+  const cat = await sbx.commands.run('cat', { background: true, stdin: true })
+  await sbx.commands.sendStdin(cat.pid, 'piped ')
+  await sbx.commands.sendStdin(cat.pid, 'in\n')
+  await sbx.commands.closeStdin(cat.pid)
+  out('stdin', (await cat.wait()).stdout)
+  out('no-stdin', (await sbx.commands.run('cat; echo eof')).stdout)
   const env = await sbx.commands.run('echo $GREETING from $(pwd)', { envs: { GREETING: 'hey' }, cwd: '/tmp' })
   out('env-cwd', env.stdout)
   await sbx.files.write('/tmp/hello.txt', 'hi there')

@@ -200,6 +200,12 @@ def test_an_agent_loop_through_e2bs_sdk(sdk, node):
     assert steps["failing"] == {"error": "CommandExitError", "exitCode": 3, "stdout": "before\n"}
     # The background command's output streamed in as it came: three pieces, none before it started printing.
     assert steps["background"] == {"exitCode": 0, "stdout": "line1\nline2\nline3\n", "pieces": 3}
+    # commands.kill(pid) signals the command (SIGKILL): its wait ends with the signal's exit status.
+    assert steps["kill-command"] is True
+    assert steps["killed-wait"]["exitCode"] == 137, steps["killed-wait"]
+    assert steps["kill-unknown"] is False
+    assert steps["stdin"] == "piped in\n"  # sendStdin twice, then closeStdin: cat saw both and EOF
+    assert steps["no-stdin"] == "eof\n"  # a command given no stdin reads EOF at once
     assert steps["env-cwd"] == "hey from /tmp\n"
     assert steps["read"] == "hi there"
     assert steps["list"] == ["hello.txt:file"]

@@ -53,6 +53,8 @@ class ApiServer : public RequestHandler {
   void exec(HttpExchange& ex, const std::string& id, bool stream);
   // POST /v1/sandboxes/{id}/exec/{exec}/stdin (ExecRoute.cc).
   void execStdin(HttpExchange& ex, const std::string& id, const std::string& exec_id, bool eof);
+  // POST .../exec/{exec}/signal {"signal": N}: to a running streamed exec that has an exec id (stdin_stream).
+  void execSignal(HttpExchange& ex, const std::string& id, const std::string& exec_id);
   // GET /v1/sandboxes/{id}/terminal: a terminal session over WebSocket (TerminalRoute.cc).
   void terminal(HttpExchange& ex, const RouteMatch& m);
   void sandboxPolicy(HttpExchange& ex, const RouteMatch& m);  // network, protect, violations

@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <map>
+#include <mutex>
 #include <string>
 
 #include "dsec/launcher/api/ConnectionPool.h"
@@ -53,6 +54,8 @@ class E2bFront : public RequestHandler {
   // Data plane (E2bEnvd.cc): the sandbox id is checked against its access token first.
   void envd(HttpExchange& ex, const std::string& sandbox_id);
   void processStart(HttpExchange& ex, const std::string& id);
+  // SendSignal, SendInput, CloseStdin of a command this listener started (by its pid).
+  void processControl(HttpExchange& ex, const std::string& id, const std::string& method);
   void filesystemCall(HttpExchange& ex, const std::string& id, const std::string& method);
   void readFile(HttpExchange& ex, const std::string& id);
   void writeFile(HttpExchange& ex, const std::string& id);
@@ -73,6 +76,9 @@ class E2bFront : public RequestHandler {
   std::string token_;
   client::ConnectionPool pool_;
   std::atomic<uint32_t> next_pid_{1000};
+  // The commands running through this listener: E2B pid -> (sandbox id, dsec exec id).
+  std::mutex procs_mu_;
+  std::map<uint32_t, std::pair<std::string, std::string>> procs_;
 };
 
 }  // namespace dsec::launcher

@@ -31,8 +31,9 @@ enum class Op {
   kViolations,  // GET /v1/sandboxes/{id}/violations
   kExec,
   kExecStream,
-  kExecStdin,  // POST /v1/sandboxes/{id}/exec/{exec}/stdin
-  kTerminal,   // GET /v1/sandboxes/{id}/terminal (WebSocket)
+  kExecStdin,   // POST /v1/sandboxes/{id}/exec/{exec}/stdin
+  kExecSignal,  // POST /v1/sandboxes/{id}/exec/{exec}/signal
+  kTerminal,    // GET /v1/sandboxes/{id}/terminal (WebSocket)
   kReadFile,
   kWriteFile,
   kRemoveFile,

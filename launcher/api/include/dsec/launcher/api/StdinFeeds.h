@@ -1,8 +1,8 @@
-// Streamed stdin of running execs (POST /v1/sandboxes/{id}/exec/stream with "stdin_stream": true, then
-// POST /v1/sandboxes/{id}/exec/{exec}/stdin; docs/api.md). Each such exec reads its stdin from a pipe whose
-// write end the node keeps here under a random exec id. Writes wait for the pipe to take them (backpressure: a
-// command that does not read holds its writer, not node memory); what the node holds for one exec at a time is
-// capped (kStdinBufferLimit): a write over what is left of it is refused with 413 or 429.
+// Streamed stdin of running execs, and signals to them (POST /v1/sandboxes/{id}/exec/stream with "stdin_stream": true,
+// then POST /v1/sandboxes/{id}/exec/{exec}/stdin; docs/api.md). Each such exec reads its stdin from a pipe whose write
+// end the node keeps here under a random exec id. Writes wait for the pipe to take them (backpressure: a command that
+// does not read holds its writer, not node memory); what the node holds for one exec at a time is capped
+// (kStdinBufferLimit): a write over what is left of it is refused with 413 or 429.
 #pragma once
 
 #include <cstdint>
@@ -11,6 +11,7 @@
 #include <mutex>
 #include <string>
 
+#include "dsec/backends/Sandbox.h"
 #include "dsec/common/Fd.h"
 #include "dsec/common/Result.h"
 
@@ -32,6 +33,9 @@ class StdinFeed {
   Status write(const std::string& data, bool eof, uint64_t* written);
   // The exec ended: writers waiting stop at once.
   void end();
+  // The running command (set as it starts): signal() sends sig to its process group; kNotFound once it ended.
+  void setControl(const std::shared_ptr<backends::ExecControl>& control);
+  Status signal(int sig);
 
  private:
   const std::string sandbox_id_;
@@ -41,6 +45,7 @@ class StdinFeed {
   UniqueFd ended_;       // an eventfd, readable once the exec ended
   std::mutex mu_;
   uint64_t reserved_ = 0;
+  std::weak_ptr<backends::ExecControl> control_;  // under mu_
 };
 
 // The node's feeds by exec id.
