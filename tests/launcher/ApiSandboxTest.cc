@@ -284,8 +284,12 @@ TEST_F(ApiTest, IdleAndAbsoluteTimeoutsReap) {
 TEST_F(ApiTest, ATimeoutSetWhileTheSandboxRunsIsCountedFromNow) {
   startNode();
   SKIP_WITHOUT_BACKEND();
-  std::string kept = createSandbox({{"timeout", 1}});
+  // `kept` is created last and extended at once: its first timeout (3 s) leaves room for that one request however
+  // slow the machine, and it is checked only once that first timeout and a reaper pass (1 s) are well past.
+  constexpr double kFirstTimeout = 3;
   std::string ended = createSandbox({{"timeout", 3600}});
+  std::string kept = createSandbox({{"timeout", kFirstTimeout}});
+  const double kept_created = monotonicSeconds();
   ASSERT_FALSE(kept.empty() || ended.empty());
   auto extended = client_->putJson(sandboxPath(kept) + "/timeout", {{"timeout", 3600}});
   ASSERT_EQ(extended.status, 200) << extended.body;
@@ -297,7 +301,11 @@ TEST_F(ApiTest, ATimeoutSetWhileTheSandboxRunsIsCountedFromNow) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   EXPECT_EQ(client_->get(sandboxPath(ended)).status, 404) << "a shortened timeout did not end the sandbox";
-  std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // past its first timeout of 1 s
+  // Asserting that something did not happen needs its time to pass: until the old timeout plus two reaper passes.
+  const double past_old_timeout = kept_created + kFirstTimeout + 2.0;
+  if (monotonicSeconds() < past_old_timeout) {
+    std::this_thread::sleep_for(std::chrono::duration<double>(past_old_timeout - monotonicSeconds()));
+  }
   EXPECT_EQ(client_->get(sandboxPath(kept)).status, 200) << "an extended sandbox was reaped at its old timeout";
   auto none = client_->putJson(sandboxPath(kept) + "/timeout", {{"timeout", 0}});
   ASSERT_EQ(none.status, 200);

@@ -115,6 +115,8 @@ def test_a_layer_is_mounted_on_demand_through_the_chunk_server(served):
         reader = threading.Thread(target=lambda: result.update(r=sb.exec("md5sum /data/big.bin")))
         reader.start()
         time.sleep(0.5)
+        # Still reading: what it reads was not cached, so the read is waiting for the store (the case under test).
+        assert reader.is_alive(), "the read finished while the store was away: it exercised nothing"
         served["restart_server"]()
         reader.join(timeout=60)
         assert not reader.is_alive()
