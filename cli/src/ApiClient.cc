@@ -86,21 +86,6 @@ Result<FleetAddress> resolveFleet(const std::string& fleet, bool prefer_file) {
   return address;
 }
 
-std::string urlEncode(const std::string& text) {
-  static const char* kHex = "0123456789ABCDEF";
-  std::string out;
-  for (unsigned char c : text) {
-    if (std::isalnum(c) != 0 || c == '-' || c == '_' || c == '.' || c == '~') {
-      out += static_cast<char>(c);
-    } else {
-      out += '%';
-      out += kHex[c >> 4];
-      out += kHex[c & 15];
-    }
-  }
-  return out;
-}
-
 struct ApiClient::Impl {
   FleetAddress address;
   Status parsed_endpoint;

@@ -20,9 +20,6 @@ struct FleetAddress {
 // DSEC_ENDPOINT + DSEC_TOKEN from the environment (unless prefer_file), else ~/.dsec/fleets/<fleet>.json.
 Result<FleetAddress> resolveFleet(const std::string& fleet, bool prefer_file);
 
-// Percent-encodes a query parameter value.
-std::string urlEncode(const std::string& text);
-
 // "404 not_found: no sandbox n0-12" from an API error body (docs/api.md), or the raw body if it is not JSON.
 Error errorFromResponse(unsigned status, const std::string& body);
 

@@ -129,7 +129,7 @@ Phase runBaseline(const BenchTarget& target, const FncallBenchConfig& c, Progres
       // A full node (the baseline's own sandboxes commit CPUs) is waited for, not counted as a failure.
       std::string error = createAndExec(client, create_body, exec_body, &mu, &mine, nullptr, true);
       for (const auto& id : mine) {
-        if (!client.call(HttpMethod::kDelete, "/v1/sandboxes/" + urlEncode(id)).ok() && error.empty()) {
+        if (!client.call(HttpMethod::kDelete, "/v1/sandboxes/" + percentEncode(id)).ok() && error.empty()) {
           error = "destroy " + id + " failed";
         }
       }

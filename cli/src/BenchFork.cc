@@ -78,8 +78,8 @@ int benchForkMachine(const Invocation& inv, const ForkBenchOptions& options) {
   std::vector<std::string> to_destroy;
   std::string snapshot;
   auto cleanup = [&] {
-    for (const auto& id : to_destroy) (void)client.call(HttpMethod::kDelete, "/v1/sandboxes/" + urlEncode(id));
-    if (!snapshot.empty()) (void)client.call(HttpMethod::kDelete, "/v1/snapshots/" + urlEncode(snapshot));
+    for (const auto& id : to_destroy) (void)client.call(HttpMethod::kDelete, "/v1/sandboxes/" + percentEncode(id));
+    if (!snapshot.empty()) (void)client.call(HttpMethod::kDelete, "/v1/snapshots/" + percentEncode(snapshot));
     stop_node();
     progress.finish();
   };
@@ -126,7 +126,7 @@ int benchForkMachine(const Invocation& inv, const ForkBenchOptions& options) {
   };
   for (const auto& id : fork->ids) {
     double e0 = monotonicSeconds();
-    auto ran = client.call(HttpMethod::kPost, "/v1/sandboxes/" + urlEncode(id) + "/exec",
+    auto ran = client.call(HttpMethod::kPost, "/v1/sandboxes/" + percentEncode(id) + "/exec",
                            {{"cmd", {"cat", "/tmp/bench-fork-source"}}, {"timeout", 600}});
     double e1 = monotonicSeconds();
     progress.advance();
@@ -143,7 +143,7 @@ int benchForkMachine(const Invocation& inv, const ForkBenchOptions& options) {
   // The copies go before the single restores are timed: idle guests left running share the host's cores.
   progress.step("destroy the copies", count);
   for (const auto& id : fork->ids) {
-    (void)client.call(HttpMethod::kDelete, "/v1/sandboxes/" + urlEncode(id));
+    (void)client.call(HttpMethod::kDelete, "/v1/sandboxes/" + percentEncode(id));
     progress.advance();
   }
   to_destroy.resize(1);
@@ -162,7 +162,7 @@ int benchForkMachine(const Invocation& inv, const ForkBenchOptions& options) {
     std::string id = restored->value("id", "");
     Status ran = execOk(client, id, {"true"});
     double r2 = monotonicSeconds();
-    (void)client.call(HttpMethod::kDelete, "/v1/sandboxes/" + urlEncode(id));
+    (void)client.call(HttpMethod::kDelete, "/v1/sandboxes/" + percentEncode(id));
     if (!ran.ok()) {
       failed("first exec after a restore: " + ran.error().message());
       continue;

@@ -41,8 +41,8 @@ Status fetchTree(const FleetAddress& address, const std::string& id, const std::
   options.io_timeout_ms = 600 * 1000;
   Status written = okStatus();
   auto reply = launcher::client::callStreaming(address.endpoint, boost::beast::http::verb::get,
-                                               "/v1/sandboxes/" + urlEncode(id) + "/tar?path=/work", address.token, "",
-                                               options, [&](const char* data, size_t size) {
+                                               "/v1/sandboxes/" + percentEncode(id) + "/tar?path=/work", address.token,
+                                               "", options, [&](const char* data, size_t size) {
                                                  written = writeAll(out.get(), std::string_view(data, size), tar_path);
                                                  return written.ok();
                                                });
@@ -84,8 +84,8 @@ int benchForkContainer(const Invocation& inv, const ForkBenchOptions& options) {
   std::string snapshot;
   const std::string host_dir = options.target.root + "/bench-fork-" + randomHex(8);
   auto cleanup = [&] {
-    for (const auto& id : to_destroy) (void)client.call(HttpMethod::kDelete, "/v1/sandboxes/" + urlEncode(id));
-    if (!snapshot.empty()) (void)client.call(HttpMethod::kDelete, "/v1/snapshots/" + urlEncode(snapshot));
+    for (const auto& id : to_destroy) (void)client.call(HttpMethod::kDelete, "/v1/sandboxes/" + percentEncode(id));
+    if (!snapshot.empty()) (void)client.call(HttpMethod::kDelete, "/v1/snapshots/" + percentEncode(snapshot));
     (void)removeTree(host_dir);
     if (target->node) target->node->stop(true);
     progress.finish();
@@ -104,7 +104,7 @@ int benchForkContainer(const Invocation& inv, const ForkBenchOptions& options) {
   const std::string source_id = source->value("id", "");
   to_destroy.push_back(source_id);
   auto wrote = client.call(
-      HttpMethod::kPost, "/v1/sandboxes/" + urlEncode(source_id) + "/exec",
+      HttpMethod::kPost, "/v1/sandboxes/" + percentEncode(source_id) + "/exec",
       {{"cmd", {"sh", "-c", workspaceScript(options.workspace_mib, options.workspace_files)}}, {"timeout", 600}});
   if (!wrote.ok()) return fail(wrote.error());
   if (wrote->value("exit_code", -1) != 0) {
@@ -122,7 +122,8 @@ int benchForkContainer(const Invocation& inv, const ForkBenchOptions& options) {
 
   progress.step("fork", 1);
   double f0 = monotonicSeconds();
-  auto forked = client.call(HttpMethod::kPost, "/v1/sandboxes/" + urlEncode(source_id) + "/fork", {{"count", count}});
+  auto forked =
+      client.call(HttpMethod::kPost, "/v1/sandboxes/" + percentEncode(source_id) + "/fork", {{"count", count}});
   double fork_ms = (monotonicSeconds() - f0) * 1000.0;
   if (!forked.ok()) return fail(forked.error());
   snapshot = forked->value("snapshot", nlohmann::json::object()).value("name", "");
@@ -133,7 +134,8 @@ int benchForkContainer(const Invocation& inv, const ForkBenchOptions& options) {
   // One copy holds the workspace: its files, at their sizes.
   int64_t copy_bytes = 0;
   if (!copies.empty()) {
-    auto listed = client.call(HttpMethod::kGet, "/v1/sandboxes/" + urlEncode(copies.back()) + "/files/list?path=/work");
+    auto listed =
+        client.call(HttpMethod::kGet, "/v1/sandboxes/" + percentEncode(copies.back()) + "/files/list?path=/work");
     if (!listed.ok()) return fail(listed.error());
     for (const auto& entry : listed->value("entries", nlohmann::json::array()))
       copy_bytes += entry.value("size", int64_t{0});

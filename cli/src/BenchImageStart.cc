@@ -34,12 +34,7 @@ struct BenchNode {
 
 // A node on root (which the caller cleared, or filled with copied layers), reading store_url when not empty.
 Result<BenchNode> startNode(const std::string& root, const std::string& store_url) {
-  launcher::ServeOptions serve;
-  serve.node.root = root;
-  serve.http.listen = "127.0.0.1:0";
-  serve.node.fleet_name = "bench";
-  serve.node.node_name = "bench";
-  serve.write_fleet_file = false;
+  launcher::ServeOptions serve = benchServeOptions(root);
   serve.node.fncall.max_workers = 0;
   serve.node.store_dir = store_url;
   BenchNode n;
@@ -65,7 +60,7 @@ Result<double> timedStart(const BenchNode& n, const std::string& image, const st
       createAndExec(client, nlohmann::json{{"image", image}},
                     nlohmann::json{{"cmd", nlohmann::json::array({"/bin/sh", "-c", command})}}, &mu, &ids);
   const double ms = (monotonicSeconds() - t0) * 1000;
-  for (const auto& id : ids) (void)client.call(HttpMethod::kDelete, "/v1/sandboxes/" + urlEncode(id));
+  for (const auto& id : ids) (void)client.call(HttpMethod::kDelete, "/v1/sandboxes/" + percentEncode(id));
   if (!failed.empty()) return Error(ErrorCode::kUnavailable, failed);
   return ms;
 }
@@ -217,7 +212,7 @@ int benchImageStart(const Invocation& inv) {
   }
   auto link = StoreLink::create(rate);
   if (!link.ok()) return reportError(inv, link.error());
-  auto server = StoreServerProcess::start(**link, store_dir, latency_ms);
+  auto server = StoreServerProcess::start(**link, store_dir, latency_ms, work + "/store-server.log");
   if (!server.ok()) return reportError(inv, server.error());
   const std::string url = (*server)->url();
   std::cout << "image-start: " << fs3::imageToString(*image) << " (" << formatBytes(image_bytes) << ") from " << url

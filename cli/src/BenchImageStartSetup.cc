@@ -117,9 +117,15 @@ StoreLink::~StoreLink() {
 }
 
 Result<std::unique_ptr<StoreServerProcess>> StoreServerProcess::start(const StoreLink& link,
-                                                                      const std::string& store_dir, int latency_ms) {
+                                                                      const std::string& store_dir, int latency_ms,
+                                                                      const std::string& log_path) {
+  // stdout (its one "serving" line, and a last one at exit) comes to us; its log goes to log_path, so that no pipe
+  // fills while nobody reads it.
   int pipe_fds[2];
   if (::pipe2(pipe_fds, O_CLOEXEC) != 0) return Error::sys(errno, "pipe");
+  UniqueFd read_end(pipe_fds[0]), write_end(pipe_fds[1]);
+  UniqueFd log(::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600));
+  if (!log) return Error::sys(errno, "create " + log_path);
   const std::string listen = link.storeAddress() + ":8480";
   std::vector<std::string> args{"ip",
                                 "netns",
@@ -142,33 +148,39 @@ Result<std::unique_ptr<StoreServerProcess>> StoreServerProcess::start(const Stor
   pid_t pid = ::fork();
   if (pid < 0) return Error::sys(errno, "fork");
   if (pid == 0) {
-    ::dup2(pipe_fds[1], STDOUT_FILENO);
-    ::dup2(pipe_fds[1], STDERR_FILENO);
+    ::dup2(write_end.get(), STDOUT_FILENO);
+    ::dup2(log.get(), STDERR_FILENO);
     ::execv(ip.c_str(), argv.data());
     ::_exit(127);
   }
-  ::close(pipe_fds[1]);
+  write_end.reset();
   std::unique_ptr<StoreServerProcess> server(new StoreServerProcess());
-  server->pid_ = pid;
-  server->output_fd_ = pipe_fds[0];
-  // Its first line says where it serves ("serving DIR at http://ADDR:PORT"), or why it could not.
+  server->pid_ = pid;  // from here its destructor stops it, whatever happens below
+  server->output_ = std::move(read_end);
+  auto failed = [&](ErrorCode code, const std::string& what) {
+    auto text = readFile(log_path);
+    return Error(code, what + (text.ok() && !text->empty()
+                                   ? ": " + trim(text->substr(text->size() > 2000 ? text->size() - 2000 : 0))
+                                   : std::string()));
+  };
+  // Its first line says where it serves ("serving DIR at http://ADDR:PORT").
   std::string seen;
   const double deadline = monotonicSeconds() + 15;
   while (seen.find('\n') == std::string::npos) {
     struct pollfd p {
-      server->output_fd_, POLLIN, 0
+      server->output_.get(), POLLIN, 0
     };
     const int wait_ms = static_cast<int>((deadline - monotonicSeconds()) * 1000);
     if (wait_ms <= 0 || ::poll(&p, 1, wait_ms) <= 0)
-      return Error(ErrorCode::kTimeout, "the store server did not start");
+      return failed(ErrorCode::kTimeout, "the store server did not start");
     char buf[512];
-    ssize_t n = ::read(server->output_fd_, buf, sizeof(buf));
-    if (n <= 0) return Error(ErrorCode::kUnavailable, "the store server exited: " + seen);
+    ssize_t n = ::read(server->output_.get(), buf, sizeof(buf));
+    if (n <= 0) return failed(ErrorCode::kUnavailable, "the store server exited");
     seen.append(buf, static_cast<size_t>(n));
   }
   const auto at = seen.find(" at http://");
   if (seen.rfind("serving ", 0) != 0 || at == std::string::npos) {
-    return Error(ErrorCode::kUnavailable, "the store server did not start: " + trim(seen));
+    return failed(ErrorCode::kUnavailable, "the store server did not start: " + trim(seen));
   }
   server->url_ = trim(seen.substr(at + 4, seen.find('\n') - at - 4));
   return server;
@@ -181,7 +193,6 @@ StoreServerProcess::~StoreServerProcess() {
     while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
     }
   }
-  if (output_fd_ >= 0) ::close(output_fd_);
 }
 
 }  // namespace dsec::cli

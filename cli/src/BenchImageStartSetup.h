@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "dsec/common/Fd.h"
 #include "dsec/common/Result.h"
 #include "dsec/fs3/LayerRef.h"
 
@@ -40,11 +41,12 @@ class StoreLink {
   std::string store_address_;
 };
 
-// `dsec layer serve` run by this binary inside the link's namespace; stopped (SIGTERM) on destruction.
+// `dsec layer serve` run by this binary inside the link's namespace, its log in log_path; stopped (SIGTERM) on
+// destruction.
 class StoreServerProcess {
  public:
   static Result<std::unique_ptr<StoreServerProcess>> start(const StoreLink& link, const std::string& store_dir,
-                                                           int latency_ms);
+                                                           int latency_ms, const std::string& log_path);
   ~StoreServerProcess();
   StoreServerProcess(const StoreServerProcess&) = delete;
   StoreServerProcess& operator=(const StoreServerProcess&) = delete;
@@ -53,7 +55,7 @@ class StoreServerProcess {
  private:
   StoreServerProcess() = default;
   pid_t pid_ = -1;
-  int output_fd_ = -1;
+  UniqueFd output_;  // its stdout
   std::string url_;
 };
 

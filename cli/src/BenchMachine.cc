@@ -62,8 +62,8 @@ Result<ProcessMemory> readProcessMemory(pid_t pid) {
 }
 
 Result<ForkAnswer> forkSandbox(ApiClient& client, const std::string& id, int count) {
-  DSEC_ASSIGN_OR_RETURN(auto answer,
-                        client.call(HttpMethod::kPost, "/v1/sandboxes/" + urlEncode(id) + "/fork", {{"count", count}}));
+  DSEC_ASSIGN_OR_RETURN(
+      auto answer, client.call(HttpMethod::kPost, "/v1/sandboxes/" + percentEncode(id) + "/fork", {{"count", count}}));
   ForkAnswer fork;
   fork.snapshot = answer.value("snapshot", nlohmann::json::object()).value("name", "");
   for (const auto& info : answer.value("sandboxes", nlohmann::json::array())) fork.ids.push_back(info.value("id", ""));
@@ -71,7 +71,7 @@ Result<ForkAnswer> forkSandbox(ApiClient& client, const std::string& id, int cou
 }
 
 Status execOk(ApiClient& client, const std::string& id, const std::vector<std::string>& cmd) {
-  DSEC_ASSIGN_OR_RETURN(auto ran, client.call(HttpMethod::kPost, "/v1/sandboxes/" + urlEncode(id) + "/exec",
+  DSEC_ASSIGN_OR_RETURN(auto ran, client.call(HttpMethod::kPost, "/v1/sandboxes/" + percentEncode(id) + "/exec",
                                               {{"cmd", cmd}, {"timeout", 600}}));
   if (ran.value("exit_code", -1) != 0) {
     return Error::internal("exec in " + id + " exited with " + std::to_string(ran.value("exit_code", -1)) + ": " +

@@ -58,7 +58,7 @@ Samples createExecDestroy(ApiClient& client, const nlohmann::json& create_body, 
     } else {
       samples.fail(error);
     }
-    for (const auto& id : ids) (void)client.call(HttpMethod::kDelete, "/v1/sandboxes/" + urlEncode(id));
+    for (const auto& id : ids) (void)client.call(HttpMethod::kDelete, "/v1/sandboxes/" + percentEncode(id));
     progress.advance();
   }
   return samples;
@@ -75,7 +75,7 @@ Result<std::string> snapshotSource(ApiClient& client, const nlohmann::json& crea
   std::string name = "bench-restore-" + randomHex(8);
   DSEC_ASSIGN_OR_RETURN(
       auto snapshot,
-      client.call(HttpMethod::kPost, "/v1/sandboxes/" + urlEncode(*source_id) + "/snapshot", {{"name", name}}));
+      client.call(HttpMethod::kPost, "/v1/sandboxes/" + percentEncode(*source_id) + "/snapshot", {{"name", name}}));
   return snapshot.value("name", name);
 }
 
@@ -153,11 +153,11 @@ int benchMachineCreate(const Invocation& inv, const MachineCreateOptions& option
   if (snapshot.ok()) {
     progress.step("restore: create from the snapshot and first exec", count);
     restore = createExecDestroy(client, {{"snapshot", *snapshot}}, count, progress);
-    (void)client.call(HttpMethod::kDelete, "/v1/snapshots/" + urlEncode(*snapshot));
+    (void)client.call(HttpMethod::kDelete, "/v1/snapshots/" + percentEncode(*snapshot));
   } else {
     restore.fail("snapshot: " + snapshot.error().message());
   }
-  if (!source_id.empty()) (void)client.call(HttpMethod::kDelete, "/v1/sandboxes/" + urlEncode(source_id));
+  if (!source_id.empty()) (void)client.call(HttpMethod::kDelete, "/v1/sandboxes/" + percentEncode(source_id));
   if (target->node) target->node->stop(true);
 
   Samples peers;

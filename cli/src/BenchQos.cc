@@ -111,12 +111,7 @@ class QosRound {
 
   // One configuration on a fresh embedded node: the loop's sandbox, optionally with stress sandboxes around it.
   Result<json> measure(bool qos, bool exclusive_pool, bool stress) {
-    launcher::ServeOptions serve;
-    serve.node.root = root_;
-    serve.http.listen = "127.0.0.1:0";
-    serve.node.fleet_name = "bench-qos";
-    serve.node.node_name = "qos";
-    serve.write_fleet_file = false;
+    launcher::ServeOptions serve = benchServeOptions(root_, "qos");
     serve.node.cpu_qos = qos;
     serve.node.cpu_exclusive_pool = exclusive_pool;
     DSEC_ASSIGN_OR_RETURN(auto node, launcher::EmbeddedNode::start(serve));
@@ -141,9 +136,9 @@ class QosRound {
         DSEC_ASSIGN_OR_RETURN(json sb, client.call(HttpMethod::kPost, "/v1/sandboxes", body));
         std::string cmd =
             "setsid stress-ng --cpu " + std::to_string(workers) + " --timeout 3600s </dev/null >/dev/null 2>&1 &";
-        DSEC_ASSIGN_OR_RETURN(json ran,
-                              client.call(HttpMethod::kPost, "/v1/sandboxes/" + urlEncode(sb.value("id", "")) + "/exec",
-                                          json{{"cmd", cmd}}));
+        DSEC_ASSIGN_OR_RETURN(
+            json ran, client.call(HttpMethod::kPost, "/v1/sandboxes/" + percentEncode(sb.value("id", "")) + "/exec",
+                                  json{{"cmd", cmd}}));
         if (ran.value("exit_code", -1) != 0) return Error::internal("starting stress-ng: " + ran.dump());
       }
       std::this_thread::sleep_for(std::chrono::seconds(1));  // let the stressors spin up
@@ -152,12 +147,13 @@ class QosRound {
         json::array({"/usr/bin/dsec-qos-probe", "--requests", std::to_string(options_.requests), "--period-us",
                      std::to_string(options_.period_us), "--work", std::to_string(options_.work)});
     double budget = options_.requests * (options_.period_us / 1e6) * 20 + 60;
-    DSEC_ASSIGN_OR_RETURN(json ran, client.call(HttpMethod::kPost, "/v1/sandboxes/" + urlEncode(latency_id) + "/exec",
-                                                json{{"cmd", probe_cmd}, {"timeout", budget}}));
+    DSEC_ASSIGN_OR_RETURN(json ran,
+                          client.call(HttpMethod::kPost, "/v1/sandboxes/" + percentEncode(latency_id) + "/exec",
+                                      json{{"cmd", probe_cmd}, {"timeout", budget}}));
     if (ran.value("exit_code", -1) != 0) return Error::internal("probe failed: " + ran.dump());
     json figures = json::parse(ran.value("stdout", ""), nullptr, false);
     if (figures.is_discarded()) return Error::internal("probe printed no JSON: " + ran.value("stdout", ""));
-    DSEC_ASSIGN_OR_RETURN(json info, client.call(HttpMethod::kGet, "/v1/sandboxes/" + urlEncode(latency_id)));
+    DSEC_ASSIGN_OR_RETURN(json info, client.call(HttpMethod::kGet, "/v1/sandboxes/" + percentEncode(latency_id)));
     figures["qos"] = info.value("qos", json(nullptr));
     figures["cpuset"] = info.value("cpuset", json(nullptr));
     return figures;

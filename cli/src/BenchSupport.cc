@@ -41,6 +41,16 @@ BenchTargetOptions benchTargetOptions(const po::variables_map& vm, const CommonO
   return options;
 }
 
+launcher::ServeOptions benchServeOptions(const std::string& root, const std::string& node_name) {
+  launcher::ServeOptions serve;
+  serve.node.root = root;
+  serve.http.listen = "127.0.0.1:0";
+  serve.node.fleet_name = "bench";
+  serve.node.node_name = node_name;
+  serve.write_fleet_file = false;
+  return serve;
+}
+
 Result<BenchTarget> openBenchTarget(const BenchTargetOptions& options) {
   BenchTarget target;
   target.image = options.image;
@@ -59,12 +69,7 @@ Result<BenchTarget> openBenchTarget(const BenchTargetOptions& options) {
     DSEC_ASSIGN_OR_RETURN(target.address, resolveFleet(options.fleet, true));
     return target;
   }
-  launcher::ServeOptions serve;
-  serve.node.root = options.root;
-  serve.http.listen = "127.0.0.1:0";
-  serve.node.fleet_name = "bench";
-  serve.node.node_name = "bench";
-  serve.write_fleet_file = false;
+  launcher::ServeOptions serve = benchServeOptions(options.root);
   serve.node.max_sandboxes = options.max_sandboxes;
   serve.node.density.overcommit = options.overcommit;
   serve.node.memory_capacity_bytes = options.memory_capacity_bytes;
@@ -122,7 +127,7 @@ int destroyAll(const FleetAddress& address, const std::vector<std::string>& ids,
   std::atomic<int> failures{0};
   runWorkers(address, threads, [&](ApiClient& client, int) {
     for (size_t i = next++; i < ids.size(); i = next++) {
-      if (!client.call(HttpMethod::kDelete, "/v1/sandboxes/" + urlEncode(ids[i])).ok()) ++failures;
+      if (!client.call(HttpMethod::kDelete, "/v1/sandboxes/" + percentEncode(ids[i])).ok()) ++failures;
       if (progress != nullptr) progress->advance();
     }
   });
@@ -145,7 +150,7 @@ std::string createAndExec(ApiClient& client, const nlohmann::json& create_body, 
     std::lock_guard lock(*mu);
     ids->push_back(id);
   }
-  auto ran = client.call(HttpMethod::kPost, "/v1/sandboxes/" + urlEncode(id) + "/exec", exec_body);
+  auto ran = client.call(HttpMethod::kPost, "/v1/sandboxes/" + percentEncode(id) + "/exec", exec_body);
   if (!ran.ok()) return "exec: " + ran.error().message();
   if (ran->value("exit_code", -1) != 0) {
     return "exec: exited with " + std::to_string(ran->value("exit_code", -1)) + ": " + ran->value("stderr", "");

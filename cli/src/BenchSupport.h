@@ -37,6 +37,9 @@ struct BenchTarget {
   std::string image;
 };
 
+// An embedded node a bench starts on root: 127.0.0.1 on a free port, fleet "bench", no fleet file.
+launcher::ServeOptions benchServeOptions(const std::string& root, const std::string& node_name = "bench");
+
 void addBenchTargetOptions(po::options_description& desc);
 BenchTargetOptions benchTargetOptions(const po::variables_map& vm, const CommonOptions& common);
 Result<BenchTarget> openBenchTarget(const BenchTargetOptions& options);

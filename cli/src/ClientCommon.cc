@@ -1,5 +1,7 @@
 #include "ClientCommon.h"
 
+#include "dsec/common/Strings.h"
+
 namespace dsec::cli {
 
 Result<std::unique_ptr<ApiClient>> connectFleet(const CommonOptions& common) {
@@ -12,6 +14,6 @@ Result<std::unique_ptr<ApiClient>> connectFleet(const CommonOptions& common) {
   return client;
 }
 
-std::string sandboxPath(const std::string& id) { return "/v1/sandboxes/" + urlEncode(id); }
+std::string sandboxPath(const std::string& id) { return "/v1/sandboxes/" + percentEncode(id); }
 
 }  // namespace dsec::cli

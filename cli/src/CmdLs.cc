@@ -22,7 +22,7 @@ int cmdLs(const Invocation& inv) {
   if (vm.count("label") != 0) {
     char sep = '?';
     for (const auto& [key, value] : parseKeyValues("label", vm["label"].as<std::vector<std::string>>())) {
-      target += sep + std::string("label=") + urlEncode(key + "=" + value);
+      target += sep + std::string("label=") + percentEncode(key + "=" + value);
       sep = '&';
     }
   }

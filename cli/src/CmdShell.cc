@@ -17,6 +17,7 @@
 #include "dsec/common/Endpoint.h"
 #include "dsec/common/Fd.h"
 #include "dsec/common/FdIo.h"
+#include "dsec/common/Strings.h"
 #include "dsec/launcher/api/HttpClient.h"
 #include "dsec/launcher/api/WebSocket.h"
 
@@ -68,7 +69,7 @@ bool sendFrame(int fd, ws::Opcode op, std::string_view payload) {
   return sendAll(fd, frame);
 }
 
-std::string percent(const std::string& s) { return urlEncode(s); }
+std::string percent(const std::string& s) { return percentEncode(s); }
 
 // The handshake; on a 101 returns the bytes that came after its head, else the node's error.
 Result<std::string> handshake(int fd, const FleetAddress& address, const std::string& target, int timeout_ms) {

@@ -77,7 +77,7 @@ int snapshotRm(const Invocation& inv) {
   if (!client.ok()) return reportError(inv, client.error());
   int status = kExitOk;
   for (const auto& name : vm["name"].as<std::vector<std::string>>()) {
-    auto done = (*client)->call(HttpMethod::kDelete, "/v1/snapshots/" + urlEncode(name));
+    auto done = (*client)->call(HttpMethod::kDelete, "/v1/snapshots/" + percentEncode(name));
     if (!done.ok()) {
       status = reportError(inv, done.error().wrap(name));
     } else {

@@ -11,6 +11,7 @@
 
 #include "dsec/common/Fd.h"
 #include "dsec/common/FdIo.h"
+#include "dsec/common/Strings.h"
 
 namespace dsec::cli {
 
@@ -68,13 +69,13 @@ Result<nlohmann::json> streamExec(ApiClient& client, const std::string& id, cons
   std::unique_ptr<StdinForwarder> forwarder;
   const double exec_timeout = body.value("timeout", 0.0);
   auto result =
-      client.stream("/v1/sandboxes/" + urlEncode(id) + "/exec/stream", request, [&](const nlohmann::json& line) {
+      client.stream("/v1/sandboxes/" + percentEncode(id) + "/exec/stream", request, [&](const nlohmann::json& line) {
         if (!line.is_object()) return;
         if (forward_stdin && !forwarder && line.value("started", false) && line.contains("exec_id") &&
             line["exec_id"].is_string()) {
           forwarder = std::make_unique<StdinForwarder>(
-              client, "/v1/sandboxes/" + urlEncode(id) + "/exec/" + line["exec_id"].get<std::string>() + "/stdin", 10,
-              exec_timeout > 0 ? exec_timeout + 30 : 0);
+              client, "/v1/sandboxes/" + percentEncode(id) + "/exec/" + line["exec_id"].get<std::string>() + "/stdin",
+              10, exec_timeout > 0 ? exec_timeout + 30 : 0);
         }
         if (line.contains("stdout") && line["stdout"].is_string() && !line.contains("done")) {
           printAll(STDOUT_FILENO, line["stdout"].get<std::string>());

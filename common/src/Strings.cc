@@ -96,6 +96,42 @@ std::string trim(std::string_view text) {
 
 bool startsWith(std::string_view text, std::string_view prefix) { return text.substr(0, prefix.size()) == prefix; }
 
+std::string hexEncode(std::string_view bytes) {
+  static const char kDigits[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(bytes.size() * 2);
+  for (unsigned char c : bytes) {
+    out.push_back(kDigits[c >> 4]);
+    out.push_back(kDigits[c & 15]);
+  }
+  return out;
+}
+
+std::string percentEncode(std::string_view text, bool keep_slash) {
+  static const char kDigits[] = "0123456789ABCDEF";
+  std::string out;
+  out.reserve(text.size());
+  for (unsigned char c : text) {
+    if (std::isalnum(c) != 0 || c == '-' || c == '_' || c == '.' || c == '~' || (keep_slash && c == '/')) {
+      out.push_back(static_cast<char>(c));
+    } else {
+      out.push_back('%');
+      out.push_back(kDigits[c >> 4]);
+      out.push_back(kDigits[c & 15]);
+    }
+  }
+  return out;
+}
+
+std::string rfc3339(double unix_seconds) {
+  const auto t = static_cast<time_t>(unix_seconds);
+  struct tm tm {};
+  ::gmtime_r(&t, &tm);
+  char buf[32];
+  ::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
 std::string randomHex(size_t length) {
   static const char kDigits[] = "0123456789abcdef";
   std::string bytes((length + 1) / 2, '\0');

@@ -66,17 +66,6 @@ Status writeOnce(const std::string& path, std::string_view bytes) {
   return st;
 }
 
-std::string hexOf(const unsigned char* md, unsigned int len) {
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string out;
-  out.reserve(static_cast<size_t>(len) * 2);
-  for (unsigned int i = 0; i < len; ++i) {
-    out += kHex[md[i] >> 4];
-    out += kHex[md[i] & 0xf];
-  }
-  return out;
-}
-
 }  // namespace
 
 bool isSha256Hex(std::string_view s) {
@@ -88,7 +77,7 @@ std::string sha256Hex(std::string_view bytes) {
   unsigned char md[EVP_MAX_MD_SIZE];
   unsigned int len = 0;
   EVP_Digest(bytes.data(), bytes.size(), md, &len, EVP_sha256(), nullptr);
-  return hexOf(md, len);
+  return hexEncode(std::string_view(reinterpret_cast<const char*>(md), len));
 }
 
 int64_t StoredLayer::chunkLength(size_t index) const {
@@ -209,7 +198,7 @@ Result<PushReport> ChunkStore::push(const LayerManifest& layer, const std::strin
   unsigned char md[EVP_MAX_MD_SIZE];
   unsigned int len = 0;
   EVP_DigestFinal_ex(whole, md, &len);
-  if (hexOf(md, len) != layer.sha256) {
+  if (hexEncode(std::string_view(reinterpret_cast<const char*>(md), len)) != layer.sha256) {
     return Error::invalid(image_path + " does not match its manifest's sha256 (the layer changed on the node?)");
   }
   std::string manifest = manifestPath(layer.ref);

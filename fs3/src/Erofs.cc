@@ -63,11 +63,7 @@ Result<FileDigest> syncAndHashFile(const std::string& path) {
   unsigned char md[EVP_MAX_MD_SIZE];
   unsigned int md_len = 0;
   if (EVP_DigestFinal_ex(ctx.get(), md, &md_len) != 1) return Error::internal("OpenSSL: SHA-256 final failed");
-  static const char kHex[] = "0123456789abcdef";
-  for (unsigned int i = 0; i < md_len; ++i) {
-    digest.sha256 += kHex[md[i] >> 4];
-    digest.sha256 += kHex[md[i] & 0xf];
-  }
+  digest.sha256 = hexEncode(std::string_view(reinterpret_cast<const char*>(md), md_len));
   return digest;
 }
 

@@ -218,15 +218,18 @@ Result<LayerManifest> LayerStore::installImage(const LayerManifest& m,
     if (::fdatasync(out.get()) != 0) return Error::sys(errno, "fsync " + image);
   }
   DSEC_TRY(writeFileAtomic(staging.path() + "/" + kManifestFile, manifestToJson(m), 0644));
-  std::string name_dir = layersDir() + "/" + m.ref.name;
-  DSEC_TRY(makeDirs(name_dir, 0755));
-  Status published = staging.publish(layerDir(m.ref));
-  if (!published.ok()) {
-    ::rmdir(name_dir.c_str());
-    if (published.error().code() == ErrorCode::kAlreadyExists) return alreadyExists(m.ref);
-    return published.error();
-  }
+  DSEC_TRY(moveIntoPlace(m.ref, staging));
   return m;
+}
+
+Status LayerStore::moveIntoPlace(const LayerRef& ref, StagingDir& staging) {
+  std::string name_dir = layersDir() + "/" + ref.name;
+  DSEC_TRY(makeDirs(name_dir, 0755));
+  Status published = staging.publish(layerDir(ref));
+  if (published.ok()) return okStatus();
+  ::rmdir(name_dir.c_str());  // only if we created it and it stayed empty
+  if (published.error().code() == ErrorCode::kAlreadyExists) return alreadyExists(ref);
+  return published.error();
 }
 
 Result<LayerManifest> LayerStore::publish(const LayerRef& ref, StagingDir& staging, const std::string& tree,
@@ -259,12 +262,8 @@ Result<LayerManifest> LayerStore::publish(const LayerRef& ref, StagingDir& stagi
   }
   double cleanup_done = monotonicSeconds();
   DSEC_TRY(checkFault("fs3.before_publish"));
-  std::string name_dir = layersDir() + "/" + ref.name;
-  DSEC_TRY(makeDirs(name_dir, 0755));
-  Status published = staging.publish(layerDir(ref));
-  if (!published.ok()) {
-    ::rmdir(name_dir.c_str());  // only if we created it and it stayed empty
-    if (published.error().code() == ErrorCode::kAlreadyExists) return alreadyExists(ref);
+  if (Status published = moveIntoPlace(ref, staging); !published.ok()) {
+    if (published.error().code() == ErrorCode::kAlreadyExists) return published.error();
     return published.error().wrap(context);
   }
   DSEC_LOG(kInfo, "fs3") << "built layer " << ref.toString() << " (" << formatBytes(m.size) << ", sha256 "

@@ -4,6 +4,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "dsec/common/Strings.h"
+
 namespace dsec::fs3 {
 
 nlohmann::json LayerManifest::toJson() const {
@@ -30,13 +32,6 @@ Result<LayerManifest> manifestFromJson(const std::string& text, const std::strin
   }
 }
 
-std::string nowRfc3339() {
-  time_t now = ::time(nullptr);
-  struct tm tm {};
-  ::gmtime_r(&now, &tm);
-  char buf[32];
-  ::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
+std::string nowRfc3339() { return rfc3339(static_cast<double>(::time(nullptr))); }
 
 }  // namespace dsec::fs3

@@ -60,5 +60,15 @@ TEST(Files, MakeDirsRefusesAFile) {
   ASSERT_ERROR(makeDirs(dir.path() + "/file"), ErrorCode::kInvalidArgument);
 }
 
+TEST(Strings, HexPercentAndTimeEncodings) {
+  EXPECT_EQ(hexEncode(std::string("\x00\x7f\xff", 3)), "007fff");
+  EXPECT_EQ(hexEncode(""), "");
+  EXPECT_EQ(percentEncode("a b/c%d=e&f~g.h_i-j"), "a%20b%2Fc%25d%3De%26f~g.h_i-j");
+  EXPECT_EQ(percentEncode("/tmp/a b", true), "/tmp/a%20b");
+  EXPECT_EQ(percentEncode("\xc3\xa9"), "%C3%A9");
+  EXPECT_EQ(rfc3339(0), "1970-01-01T00:00:00Z");
+  EXPECT_EQ(rfc3339(1796641620.9), "2026-12-07T11:07:00Z");
+}
+
 }  // namespace
 }  // namespace dsec

@@ -135,5 +135,19 @@ TEST(RouterTable, RefusesUnknownPathsMethodsAndQueries) {
   EXPECT_NE(m.error.find("malformed query string"), std::string::npos);
 }
 
+TEST(RouterQuery, ParsesEachKeyAndValueOnceAndRefusesBadEscapes) {
+  auto q = queryOf("/files?path=%2Ftmp%2Fa%2541&username=user&flag&empty=");
+  ASSERT_TRUE(q.ok());
+  EXPECT_EQ(q->get("path"), "/tmp/a%41");  // decoded once: a literal '%' in a name survives
+  EXPECT_EQ(q->get("username"), "user");
+  EXPECT_TRUE(q->has("flag"));
+  EXPECT_TRUE(q->has("empty"));
+  EXPECT_TRUE(queryOf("/no-query")->values.empty());
+  EXPECT_FALSE(parseQuery("path=%zz").ok());
+  auto nested = parseQuery(parseQuery("metadata=run%3Dr%2526x")->get("metadata"));  // a query string in a value
+  ASSERT_TRUE(nested.ok());
+  EXPECT_EQ(nested->get("run"), "r&x");
+}
+
 }  // namespace
 }  // namespace dsec::launcher

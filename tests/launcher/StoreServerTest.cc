@@ -108,6 +108,26 @@ TEST_F(StoreServerTest, ANodeReadsManifestsAndChunksOverHttp) {
   EXPECT_EQ(server->stats().chunks_served.load(), 3u);
 }
 
+TEST_F(StoreServerTest, ALayerRemovedAndPushedAnewIsMountedWithItsNewManifest) {
+  auto server = serve();
+  ASSERT_NE(server, nullptr);
+  auto http = open(*server);
+  ASSERT_TRUE(http->has(ref_));
+  ASSERT_OK(http->manifest(ref_));
+  ASSERT_OK(fs3::removeStoredLayer(store_, ref_));
+  const std::string other = patternBytes(200000, 11);
+  ASSERT_OK(writeFile(tmp_.path() + "/other.img", other));
+  fs3::LayerManifest m = layer_.layer;
+  m.sha256 = fs3::sha256Hex(other);
+  m.size = static_cast<int64_t>(other.size());
+  auto pushed = store_.push(m, tmp_.path() + "/other.img");
+  ASSERT_OK(pushed);
+  auto again = http->manifest(ref_);  // what a mount reads: the store's manifest now, not the first one
+  ASSERT_OK(again);
+  EXPECT_EQ(again->layer.sha256, m.sha256);
+  EXPECT_EQ(again->chunks, pushed->stored.chunks);
+}
+
 TEST_F(StoreServerTest, RecordingsAreTakenOnlyWhenAskedAndOnlyForTheLayersBytes) {
   auto text = recordingText({2, 0});
   {

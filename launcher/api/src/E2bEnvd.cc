@@ -16,8 +16,6 @@ namespace {
 
 namespace http = boost::beast::http;
 using e2b::header;
-using e2b::queryEncode;
-using e2b::rfc3339;
 
 constexpr uint64_t kRpcBodyLimit = 1 << 20;
 constexpr uint64_t kUploadLimit = 256ull << 20;
@@ -336,7 +334,7 @@ void E2bFront::filesystemCall(HttpExchange& ex, const std::string& id, const std
   if (!j.is_object()) return sendConnectError(ex, "invalid_argument", "the request is not a JSON object");
   const std::string base = "/v1/sandboxes/" + id;
   auto stat = [&](const std::string& path) {
-    return call(http::verb::get, base + "/files/stat?path=" + queryEncode(path), "");
+    return call(http::verb::get, base + "/files/stat?path=" + percentEncode(path, true), "");
   };
   auto failed = [&](const Upstream& answer) {
     sendConnectError(ex, connectCode(answer.status), errorMessage(answer.body, answer.status));
@@ -351,7 +349,7 @@ void E2bFront::filesystemCall(HttpExchange& ex, const std::string& id, const std
     return ex.sendJson(200, {{"entry", entryInfo(nlohmann::json::parse(answer.body), path)}});
   }
   if (method == "ListDir") {
-    auto answer = call(http::verb::get, base + "/files/list?path=" + queryEncode(path), "");
+    auto answer = call(http::verb::get, base + "/files/list?path=" + percentEncode(path, true), "");
     if (answer.status != 200) return failed(answer);
     nlohmann::json entries = nlohmann::json::array();
     for (const auto& e : nlohmann::json::parse(answer.body).value("entries", nlohmann::json::array())) {
@@ -374,7 +372,7 @@ void E2bFront::filesystemCall(HttpExchange& ex, const std::string& id, const std
     return ex.sendJson(200, {{"entry", entryInfo(nlohmann::json::parse(answer.body), path)}});
   }
   if (method == "Remove") {
-    auto answer = call(http::verb::delete_, base + "/files?path=" + queryEncode(path) + "&recursive=1", "");
+    auto answer = call(http::verb::delete_, base + "/files?path=" + percentEncode(path, true) + "&recursive=1", "");
     if (answer.status != 200) return failed(answer);
     return ex.sendJson(200, nlohmann::json::object());
   }
@@ -391,23 +389,22 @@ void E2bFront::filesystemCall(HttpExchange& ex, const std::string& id, const std
 }
 
 void E2bFront::readFile(HttpExchange& ex, const std::string& id) {
-  TableMatch m = RouteTable().addAnyMethod("/**", 0).match(ex.method(), ex.target());
-  std::string path;
-  if (!percentDecode(m.query.get("path"), &path) || path.empty()) {
-    return ex.sendJson(400, {{"code", 400}, {"message", "path is required"}});
-  }
+  auto query = queryOf(ex.target());
+  const std::string path = query.ok() ? query->get("path") : "";
+  if (path.empty()) return ex.sendJson(400, {{"code", 400}, {"message", "path is required"}});
   client::CallOptions options;
   options.io_timeout_ms = 600 * 1000;
   bool began = false;
-  auto reply =
-      client::callStreaming(upstream_, http::verb::get, "/v1/sandboxes/" + id + "/files?path=" + queryEncode(path),
-                            token_, "", options, [&](const char* data, size_t size) {
-                              if (!began) {
-                                began = true;
-                                if (!ex.beginStream(200, "application/octet-stream", std::nullopt)) return false;
-                              }
-                              return ex.writeStream(data, size);
-                            });
+  auto reply = client::callStreaming(upstream_, http::verb::get,
+                                     "/v1/sandboxes/" + id + "/files?path=" + percentEncode(path, true), token_, "",
+                                     options, [&](const char* data, size_t size) {
+                                       if (!began) {
+                                         began = true;
+                                         if (!ex.beginStream(200, "application/octet-stream", std::nullopt))
+                                           return false;
+                                       }
+                                       return ex.writeStream(data, size);
+                                     });
   if (began || ex.streamOpen()) {
     if (ex.streamOpen()) ex.endStream();
     return;
@@ -418,9 +415,12 @@ void E2bFront::readFile(HttpExchange& ex, const std::string& id) {
 }
 
 void E2bFront::writeFile(HttpExchange& ex, const std::string& id) {
-  TableMatch m = RouteTable().addAnyMethod("/**", 0).match(ex.method(), ex.target());
-  std::string path;
-  (void)percentDecode(m.query.get("path"), &path);
+  auto query = queryOf(ex.target());
+  if (!query.ok()) {
+    ex.forceClose();
+    return ex.sendJson(400, {{"code", 400}, {"message", query.error().message()}});
+  }
+  const std::string path = query->get("path");
   bool too_large = false;
   auto body = ex.readBody(kUploadLimit, &too_large);
   if (!body.ok()) {
@@ -445,8 +445,9 @@ void E2bFront::writeFile(HttpExchange& ex, const std::string& id) {
     client::CallOptions options;
     options.io_timeout_ms = 600 * 1000;
     options.headers.emplace_back("Content-Type", "application/octet-stream");
-    auto reply = client::call(upstream_, http::verb::put,
-                              "/v1/sandboxes/" + id + "/files?path=" + queryEncode(target_path), token_, data, options);
+    auto reply =
+        client::call(upstream_, http::verb::put,
+                     "/v1/sandboxes/" + id + "/files?path=" + percentEncode(target_path, true), token_, data, options);
     if (!reply.ok()) return ex.sendJson(502, {{"code", 502}, {"message", reply.error().message()}});
     if (reply->status / 100 != 2) {
       return ex.sendJson(reply->status,

@@ -19,8 +19,6 @@ namespace {
 
 namespace http = boost::beast::http;
 using e2b::header;
-using e2b::queryEncode;
-using e2b::rfc3339;
 
 constexpr uint64_t kBodyLimit = 1 << 20;
 constexpr const char* kTemplateLabel = "e2b_template";
@@ -119,13 +117,7 @@ std::string E2bFront::envdAccessToken(const std::string& token, const std::strin
   unsigned int length = 0;
   ::HMAC(EVP_sha256(), token.data(), static_cast<int>(token.size()),
          reinterpret_cast<const unsigned char*>(message.data()), message.size(), mac, &length);
-  static const char* kHex = "0123456789abcdef";
-  std::string out;
-  for (unsigned int i = 0; i < length; ++i) {
-    out += kHex[mac[i] >> 4];
-    out += kHex[mac[i] & 15];
-  }
-  return out;
+  return hexEncode(std::string_view(reinterpret_cast<const char*>(mac), length));
 }
 
 std::string E2bFront::imageFor(const std::string& template_id) const {
@@ -176,7 +168,7 @@ void E2bFront::controlPlane(HttpExchange& ex) {
     case kCreate:
       return createSandbox(ex);
     case kList:
-      return listSandboxes(ex);
+      return listSandboxes(ex, m.query);
     case kGet: {
       auto answer = call(http::verb::get, path, "");
       if (answer.status != 200) return relayError(ex, answer);
@@ -256,26 +248,28 @@ void E2bFront::createSandbox(HttpExchange& ex) {
                                   {"envdAccessToken", envdAccessToken(token_, id)}});
 }
 
-void E2bFront::listSandboxes(HttpExchange& ex) {
-  TableMatch m = controlRoutes().match(ex.method(), ex.target());
+void E2bFront::listSandboxes(HttpExchange& ex, const QueryParams& query) {
   std::string target = "/v1/sandboxes";
-  // metadata=k1%3Dv1%26k2%3Dv2 (the SDK's encoding): each pair a label filter.
-  std::string metadata;
-  if (percentDecode(m.query.get("metadata"), &metadata) && !metadata.empty()) {
-    char sep = '?';
-    for (const auto& pair : split(metadata, '&')) {
-      std::string decoded;
-      if (!percentDecode(pair, &decoded)) continue;
-      target += sep;
-      target += "label=" + queryEncode(decoded);
-      sep = '&';
+  // metadata is itself a query string of the filters, and E2B's SDK escapes each key and value before it builds it
+  // (encodeURIComponent, then URLSearchParams, then the request's own query encoding): the route decoded the
+  // parameter once, parseQuery splits and decodes the pairs, and each key and value is decoded once more here.
+  auto filters = parseQuery(query.get("metadata"));
+  if (!filters.ok()) return sendE2bError(ex, 400, "metadata: " + filters.error().message());
+  char sep = '?';
+  for (const auto& [encoded_key, encoded_value] : filters->values) {
+    std::string key, value;
+    if (!percentDecode(encoded_key, &key) || !percentDecode(encoded_value, &value)) {
+      return sendE2bError(ex, 400, "metadata: bad percent-encoding in '" + encoded_key + "'");
     }
+    target += sep;
+    target += "label=" + percentEncode(key + "=" + value);
+    sep = '&';
   }
   auto answer = call(http::verb::get, target, "");
   if (answer.status != 200) return relayError(ex, answer);
   auto j = nlohmann::json::parse(answer.body, nullptr, false);
   nlohmann::json out = nlohmann::json::array();
-  const std::string state = m.query.get("state");
+  const std::string state = query.get("state");
   if (j.is_object() && j.contains("sandboxes")) {
     for (const auto& info : j["sandboxes"]) {
       auto sandbox = e2bSandbox(info, token_);

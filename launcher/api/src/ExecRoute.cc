@@ -163,20 +163,15 @@ void ApiServer::exec(HttpExchange& ex, const std::string& id, bool stream) {
     output.respond(ex, *result);
     return;
   }
-  std::string exec_id;
-  UniqueFd stdin_read_end;
+  OpenedFeed opened;
   if (stdin_stream) {
     auto feed = stdin_feeds_.open(id);
     if (!feed.ok()) return sendError(ex, feed.error());
-    exec_id = feed->first;
-    stdin_read_end = std::move(feed->second);
-    req->stdin_fd = stdin_read_end.get();
+    opened = std::move(*feed);
+    req->stdin_fd = opened.read_end.get();
   }
-  std::shared_ptr<StdinFeed> feed;
-  if (!exec_id.empty()) {
-    if (auto found = stdin_feeds_.find(id, exec_id); found.ok()) feed = *found;
-  }
-  NdjsonSink sink(ex, exec_id, std::move(stdin_read_end), &hangups_, std::move(feed));
+  const std::string exec_id = opened.exec_id;
+  NdjsonSink sink(ex, exec_id, std::move(opened.read_end), &hangups_, std::move(opened.feed));
   auto result = lease->sandbox().execStream(*req, sink);
   if (!exec_id.empty()) stdin_feeds_.close(exec_id);
   if (!result.ok()) {

@@ -75,12 +75,16 @@ Result<std::string> HttpStore::fetch(const std::string& sha256, int64_t length) 
   return bytes;
 }
 
-Result<fs3::StoredLayer> HttpStore::manifest(const fs3::LayerRef& ref) {
-  DSEC_TRY(fs3::validateLayerRef(ref));
+bool HttpStore::has(const fs3::LayerRef& ref) {
   {
     std::lock_guard lock(mu_);
-    if (auto it = manifests_.find(ref); it != manifests_.end()) return it->second;
+    if (named_.count(ref) != 0) return true;
   }
+  return manifest(ref).ok();
+}
+
+Result<fs3::StoredLayer> HttpStore::manifest(const fs3::LayerRef& ref) {
+  DSEC_TRY(fs3::validateLayerRef(ref));
   const std::string target = layerTarget(ref, "manifest.json");
   auto text = get(target, kMaxManifestBytes, kManifestRetrySeconds, false);
   if (!text.ok()) {
@@ -94,7 +98,7 @@ Result<fs3::StoredLayer> HttpStore::manifest(const fs3::LayerRef& ref) {
     return Error(ErrorCode::kSystem, url_ + target + " is the manifest of " + layer.layer.ref.toString(), EIO);
   }
   std::lock_guard lock(mu_);
-  manifests_.emplace(ref, layer);
+  named_.insert(ref);
   return layer;
 }
 

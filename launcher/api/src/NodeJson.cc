@@ -1,6 +1,7 @@
 #include "dsec/launcher/api/NodeJson.h"
 
 #include "dsec/backends/fncall/FunctionService.h"
+#include "dsec/common/Strings.h"
 #include "dsec/launcher/node/NodeAgent.h"
 
 namespace dsec::launcher {

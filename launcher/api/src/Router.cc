@@ -66,6 +66,25 @@ RouteTable& RouteTable::addAnyMethod(std::string_view pattern, int route) {
   return *this;
 }
 
+Result<QueryParams> parseQuery(std::string_view query) {
+  QueryParams params;
+  for (const auto& part : split(query, '&')) {
+    if (part.empty()) continue;
+    auto eq = part.find('=');
+    std::string key, value;
+    bool ok = percentDecode(std::string_view(part).substr(0, eq), &key);
+    if (ok && eq != std::string::npos) ok = percentDecode(std::string_view(part).substr(eq + 1), &value);
+    if (!ok) return Error::invalid("malformed query string: bad percent-encoding in '" + part + "'");
+    params.values.emplace(std::move(key), std::move(value));
+  }
+  return params;
+}
+
+Result<QueryParams> queryOf(std::string_view target) {
+  const auto q = target.find('?');
+  return parseQuery(q == std::string_view::npos ? std::string_view() : target.substr(q + 1));
+}
+
 TableMatch RouteTable::match(http::verb method, std::string_view target) const {
   TableMatch m;
   std::string_view path = target, query;
@@ -73,19 +92,13 @@ TableMatch RouteTable::match(http::verb method, std::string_view target) const {
     path = target.substr(0, q);
     query = target.substr(q + 1);
   }
-  for (const auto& part : split(query, '&')) {
-    if (part.empty()) continue;
-    auto eq = part.find('=');
-    std::string key, value;
-    bool ok = percentDecode(std::string_view(part).substr(0, eq), &key);
-    if (ok && eq != std::string::npos) ok = percentDecode(std::string_view(part).substr(eq + 1), &value);
-    if (!ok) {
-      m.error_status = 400;
-      m.error = "malformed query string: bad percent-encoding in '" + part + "'";
-      return m;
-    }
-    m.query.values.emplace(std::move(key), std::move(value));
+  auto params = parseQuery(query);
+  if (!params.ok()) {
+    m.error_status = 400;
+    m.error = params.error().message();
+    return m;
   }
+  m.query = std::move(*params);
   if (path.size() > 1 && path.back() == '/') path.remove_suffix(1);
   m.path = std::string(path);
   std::vector<std::string> segs;

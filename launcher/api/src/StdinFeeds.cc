@@ -75,7 +75,7 @@ Status StdinFeed::write(const std::string& data, bool eof, uint64_t* written) {
   return okStatus();
 }
 
-Result<std::pair<std::string, UniqueFd>> StdinFeeds::open(const std::string& sandbox_id) {
+Result<OpenedFeed> StdinFeeds::open(const std::string& sandbox_id) {
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) < 0) return Error::sys(errno, "stdin pipe");
   UniqueFd read_end(fds[0]), write_end(fds[1]);
@@ -83,10 +83,11 @@ Result<std::pair<std::string, UniqueFd>> StdinFeeds::open(const std::string& san
   if (fl < 0 || fcntl(write_end.get(), F_SETFL, fl | O_NONBLOCK) < 0) return Error::sys(errno, "stdin pipe flags");
   UniqueFd ended(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!ended) return Error::sys(errno, "eventfd");
-  std::string id = randomHex(24);
+  OpenedFeed opened{randomHex(24), std::move(read_end),
+                    std::make_shared<StdinFeed>(sandbox_id, std::move(write_end), std::move(ended))};
   std::lock_guard lock(mu_);
-  feeds_[id] = std::make_shared<StdinFeed>(sandbox_id, std::move(write_end), std::move(ended));
-  return std::pair{id, std::move(read_end)};
+  feeds_[opened.exec_id] = opened.feed;
+  return opened;
 }
 
 Result<std::shared_ptr<StdinFeed>> StdinFeeds::find(const std::string& sandbox_id, const std::string& exec_id) {

@@ -46,15 +46,6 @@ double wallSeconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-std::string rfc3339(double unix_seconds) {
-  time_t t = static_cast<time_t>(unix_seconds);
-  struct tm tm;
-  gmtime_r(&t, &tm);
-  char buf[32];
-  strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
-
 void SandboxRecord::touch() {
   last_active_unix.store(wallSeconds());
   last_active_mono.store(monotonicSeconds());

@@ -5,7 +5,7 @@ import { Sandbox, CommandExitError } from 'e2b'
 
 const out = (step, value) => console.log(JSON.stringify({ step, value }))
 try {
-  const sbx = await Sandbox.create(process.env.E2B_TEMPLATE || 'base', { timeoutMs: 120_000, metadata: { run: 'r1' } })
+  const sbx = await Sandbox.create(process.env.E2B_TEMPLATE || 'base', { timeoutMs: 120_000, metadata: { run: 'r1', tag: 'a&b=c%41' } })
   out('create', sbx.sandboxId)
   const r = await sbx.commands.run('echo hello; echo oops >&2')
   out('run', { exitCode: r.exitCode, stdout: r.stdout, stderr: r.stderr })
@@ -44,6 +44,11 @@ try {
   out('read', await sbx.files.read('/tmp/hello.txt'))
   out('list', (await sbx.files.list('/tmp')).map((e) => `${e.name}:${e.type}`).sort())
   out('exists', await sbx.files.exists('/tmp/hello.txt'))
+  // A name with characters a query string escapes, and an escape of its own: read back and listed as written.
+  await sbx.files.write('/tmp/odd %41&x=y.txt', 'odd')
+  out('odd-name', { read: await sbx.files.read('/tmp/odd %41&x=y.txt'),
+                    listed: (await sbx.files.list('/tmp')).some((e) => e.name === 'odd %41&x=y.txt') })
+  await sbx.files.remove('/tmp/odd %41&x=y.txt')
   out('makeDir', [await sbx.files.makeDir('/tmp/d1'), await sbx.files.makeDir('/tmp/d1')])
   await sbx.files.rename('/tmp/hello.txt', '/tmp/d1/moved.txt')
   out('renamed', await sbx.files.read('/tmp/d1/moved.txt'))
@@ -57,6 +62,10 @@ try {
   out('connect', (await again.commands.run('cat /tmp/d1/../d1/.. >/dev/null 2>&1; echo still here')).stdout)
   const listed = await Sandbox.list({ query: { metadata: { run: 'r1' } } }).nextItems()
   out('listed', listed.map((s) => s.sandboxId).includes(sbx.sandboxId))
+  const byTag = await Sandbox.list({ query: { metadata: { tag: 'a&b=c%41' } } }).nextItems()
+  const byOtherTag = await Sandbox.list({ query: { metadata: { tag: 'a&b=cA' } } }).nextItems()
+  out('listed-by-odd-metadata', [byTag.map((s) => s.sandboxId).includes(sbx.sandboxId),
+                                 byOtherTag.map((s) => s.sandboxId).includes(sbx.sandboxId)])
   out('kill', await sbx.kill())
   out('kill-again', await Sandbox.kill(sbx.sandboxId))
 } catch (e) {

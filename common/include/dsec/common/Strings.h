@@ -19,6 +19,13 @@ std::string trim(std::string_view text);
 bool startsWith(std::string_view text, std::string_view prefix);
 // Random lowercase hex of the given length from getrandom().
 std::string randomHex(size_t length);
+// Lowercase hex of bytes (digests, MACs).
+std::string hexEncode(std::string_view bytes);
+// RFC 3986 percent-encoding of a URL component: unreserved characters stay, and '/' too when keep_slash (a path
+// in a query value stays readable).
+std::string percentEncode(std::string_view text, bool keep_slash = false);
+// "2026-12-07T12:00:00Z": UTC, whole seconds.
+std::string rfc3339(double unix_seconds);
 // Reads a whole (small) file; errors carry errno and the path.
 Result<std::string> readFile(const std::string& path);
 // A file only this user may have written: refused (kConflict, saying why) unless it is a regular file, not a

@@ -95,6 +95,8 @@ class LayerStore {
   // Packs tree into the staging dir's image (tree "": the image is there already) and publishes it.
   Result<LayerManifest> publish(const LayerRef& ref, StagingDir& staging, const std::string& tree,
                                 const std::string& built_on, const std::string& source);
+  // Renames a finished staging dir to the layer's dir (kAlreadyExists, named, if another got there first).
+  Status moveIntoPlace(const LayerRef& ref, StagingDir& staging);
 
   void reportStep(const std::string& step) const {
     if (progress_.step) progress_.step(step);

@@ -56,7 +56,6 @@ class SharedLayers {
   static Result<std::unique_ptr<SharedLayers>> open(const SharedLayersOptions& options,
                                                     std::shared_ptr<SharedStore> store = nullptr);
 
-  SharedStore& store() { return *store_; }
   // Whether the store names the layer: attached here already, or its manifest is there (checked when it is
   // mounted, not here: this runs before every create).
   bool has(const LayerRef& ref);

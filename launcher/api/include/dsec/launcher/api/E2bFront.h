@@ -16,6 +16,7 @@
 
 #include "dsec/launcher/api/ConnectionPool.h"
 #include "dsec/launcher/api/HttpServer.h"
+#include "dsec/launcher/api/Router.h"
 
 namespace dsec::launcher {
 
@@ -49,7 +50,7 @@ class E2bFront : public RequestHandler {
   // Control plane (E2bFront.cc).
   void controlPlane(HttpExchange& ex);
   void createSandbox(HttpExchange& ex);
-  void listSandboxes(HttpExchange& ex);
+  void listSandboxes(HttpExchange& ex, const QueryParams& query);
   void connectSandbox(HttpExchange& ex, const std::string& id);
   // Data plane (E2bEnvd.cc): the sandbox id is checked against its access token first.
   void envd(HttpExchange& ex, const std::string& sandbox_id);

@@ -1,13 +1,14 @@
 // A node's shared layer store reached over HTTP (`--store http://HOST:PORT`): what `dsec layer serve` serves
 // (StoreServer.h). Chunks, manifests and recordings come over keep-alive connections; a server that is briefly
 // away (refused, timed out, 5xx, a chunk it lacks for a moment) is retried with backoff for retry_seconds, then the
-// read fails with EIO, as a directory store that vanishes does. Manifests are kept once read: a layer's
-// NAME:VERSION never changes its bytes. Leases go to the server (kept when it runs with --accept-leases), so that
+// read fails with EIO, as a directory store that vanishes does. has() remembers the layers a manifest was read for
+// (it runs before creates); manifest() reads it again each time (once per mount), so a layer removed and pushed
+// anew is mounted with its new manifest. Leases go to the server (kept when it runs with --accept-leases), so that
 // `dsec layer gc` on the store's directory sees the layers these nodes use (docs/layer-store.md).
 #pragma once
 
-#include <map>
 #include <mutex>
+#include <set>
 #include <string>
 
 #include "dsec/fs3/SharedStore.h"
@@ -23,7 +24,7 @@ class HttpStore : public fs3::SharedStore {
   Result<std::string> fetch(const std::string& sha256, int64_t length) override;
   std::string location() const override { return url_; }
   Result<fs3::StoredLayer> manifest(const fs3::LayerRef& ref) override;
-  bool has(const fs3::LayerRef& ref) override { return manifest(ref).ok(); }
+  bool has(const fs3::LayerRef& ref) override;
   Result<std::string> recording(const fs3::LayerRef& ref) override;
   Status putRecording(const fs3::LayerRef& ref, const std::string& text) override;
   Status renewLease(const std::set<fs3::LayerRef>& in_use) override;
@@ -42,7 +43,7 @@ class HttpStore : public fs3::SharedStore {
   double retry_seconds_;
   client::ConnectionPool pool_;
   std::mutex mu_;
-  std::map<fs3::LayerRef, fs3::StoredLayer> manifests_;
+  std::set<fs3::LayerRef> named_;  // layers whose manifest was read and checked
 };
 
 // The store a `--store` value names: a chunk server for "http://...", else a directory (checked to be one).

@@ -12,6 +12,8 @@
 #include <string_view>
 #include <vector>
 
+#include "dsec/common/Result.h"
+
 namespace dsec::launcher {
 
 enum class Op {
@@ -110,6 +112,10 @@ class RouteTable {
 RouteMatch matchRoute(boost::beast::http::verb method, std::string_view target);
 // 1-128 of [A-Za-z0-9._-], not "." or "..": what a route takes as a sandbox id.
 bool validSandboxId(std::string_view id);
+// The parameters of a query string ("a=1&b=x%20y"), each key and value percent-decoded once; kInvalidArgument for
+// a malformed escape. queryOf takes a whole request target and parses what follows its '?'.
+Result<QueryParams> parseQuery(std::string_view query);
+Result<QueryParams> queryOf(std::string_view target);
 // Percent-decoding of a query component ('+' is a space); false on a malformed escape.
 bool percentDecode(std::string_view in, std::string* out);
 // How a route's request body is read.

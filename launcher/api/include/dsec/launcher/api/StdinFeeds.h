@@ -48,11 +48,18 @@ class StdinFeed {
   std::weak_ptr<backends::ExecControl> control_;  // under mu_
 };
 
+// A new exec's feed: its id, the read end of its pipe (the command's stdin) and the feed itself.
+struct OpenedFeed {
+  std::string exec_id;
+  UniqueFd read_end;
+  std::shared_ptr<StdinFeed> feed;
+};
+
 // The node's feeds by exec id.
 class StdinFeeds {
  public:
-  // Makes a pipe and a feed for a new exec: returns its id and the read end (the command's stdin).
-  Result<std::pair<std::string, UniqueFd>> open(const std::string& sandbox_id);
+  // Makes a pipe and a feed for a new exec.
+  Result<OpenedFeed> open(const std::string& sandbox_id);
   // The feed of exec_id in sandbox_id; kNotFound when there is none (unknown, ended, another sandbox's).
   Result<std::shared_ptr<StdinFeed>> find(const std::string& sandbox_id, const std::string& exec_id);
   // The exec ended: its feed goes away and its writers stop.

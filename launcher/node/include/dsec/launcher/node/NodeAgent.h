@@ -310,6 +310,5 @@ class NodeAgent : private DensityHost {
 
 // Seconds since the epoch, and RFC 3339 UTC of such a time.
 double wallSeconds();
-std::string rfc3339(double unix_seconds);
 
 }  // namespace dsec::launcher
